@@ -1,0 +1,272 @@
+//! The algorithms as pure functions: a state, a configuration, the time and a
+//! cost go in; a [`Decision`] and the state to write come out.
+//!
+//! These follow the normative formulas in DESIGN.md line by line, with time in
+//! integer nanoseconds so that window boundaries are exact. Every store runs
+//! these same functions (or, in Redis, a script checked against them).
+
+use crate::config::{Algorithm, FixedWindow, TokenBucket};
+use crate::decision::{Decision, Value};
+use crate::time::Nanos;
+
+const NS: f64 = Nanos::PER_SEC as f64;
+
+/// The stored state of one key: tokens at time `ts`.
+///
+/// For a token bucket `ts` is the last update; for a fixed window it is the
+/// start of the window the tokens belong to. A key with no state is full.
+///
+/// ```
+/// use sluice_core::{Nanos, algorithm::State};
+/// let s = State { tokens: 2.0, ts: Nanos(0) };
+/// assert_eq!(s.tokens, 2.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct State {
+    /// Tokens held at `ts`; negative while reservations are outstanding.
+    pub tokens: f64,
+    /// The time the tokens were counted at.
+    pub ts: Nanos,
+}
+
+/// The result of evaluating one call against one key.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Eval {
+    /// What the caller is told.
+    pub decision: Decision,
+    /// The state to store if the call is committed; `None` when nothing
+    /// changes (a denial).
+    pub next: Option<State>,
+    /// Tokens available at `now` before the call: the quantity the
+    /// power-of-two-choices pick compares.
+    pub available: f64,
+}
+
+/// Evaluates a call of `cost` tokens at `now`.
+///
+/// `offset` is the key's window alignment for a fixed window without a
+/// configured `start` (see [`window_offset`]); token buckets ignore it. The
+/// cost must already be validated (finite, ≥ 0, at most
+/// [`Algorithm::max_cost`]).
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::evaluate};
+/// let tb = Algorithm::from(TokenBucket::new(1.0, 2.0).unwrap());
+/// let first = evaluate(&tb, None, 0, Nanos(0), 2.0, false);
+/// assert!(first.decision.allowed);
+/// let second = evaluate(&tb, first.next, 0, Nanos(0), 1.0, false);
+/// assert!(!second.decision.allowed);
+/// assert_eq!(second.decision.retry_after, Some(1.0));
+/// assert_eq!(second.next, None);
+/// ```
+pub fn evaluate(
+    alg: &Algorithm,
+    state: Option<State>,
+    offset: i64,
+    now: Nanos,
+    cost: f64,
+    reserve: bool,
+) -> Eval {
+    match alg {
+        Algorithm::TokenBucket(tb) => token_bucket(tb, state, now, cost, reserve),
+        Algorithm::FixedWindow(fw) => fixed_window(fw, state, offset, now, cost, reserve),
+    }
+}
+
+/// Whether a deficit of `deficit` tokens may be reserved.
+fn may_reserve(reserve: bool, deficit: f64, max_reserved: Option<f64>) -> bool {
+    reserve && max_reserved.is_none_or(|m| deficit <= m)
+}
+
+fn remaining(tokens: f64) -> u64 {
+    // `as` saturates, which is what a count of whole tokens wants.
+    tokens.max(0.0).floor() as u64
+}
+
+/// Seconds elapsed from `from` to `to`, never negative: a clock that steps
+/// backwards refills nothing.
+fn elapsed_secs(from: Nanos, to: Nanos) -> f64 {
+    (to.0.saturating_sub(from.0)).max(0) as f64 / NS
+}
+
+fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
+    match state {
+        None => State {
+            tokens: tb.burst(),
+            ts: now,
+        },
+        Some(s) => State {
+            tokens: (s.tokens + elapsed_secs(s.ts, now) * tb.rate()).min(tb.burst()),
+            // Keeping the later time guards against a clock that stepped
+            // back: the span between would otherwise be credited twice.
+            ts: s.ts.max(now),
+        },
+    }
+}
+
+fn token_bucket(
+    tb: &TokenBucket,
+    state: Option<State>,
+    now: Nanos,
+    cost: f64,
+    reserve: bool,
+) -> Eval {
+    let State {
+        tokens: available,
+        ts,
+    } = tb_refill(tb, state, now);
+    let deficit = cost - available;
+    let (allowed, after, retry_after) = if available >= cost {
+        (true, available - cost, None)
+    } else if may_reserve(reserve, deficit, tb.max_reserved()) {
+        (true, available - cost, Some(deficit / tb.rate()))
+    } else {
+        (false, available, Some(deficit / tb.rate()))
+    };
+    Eval {
+        decision: Decision {
+            allowed,
+            limit: tb.burst(),
+            remaining: remaining(after),
+            retry_after,
+            reset: ((tb.burst() - after) / tb.rate()).max(0.0),
+        },
+        next: allowed.then_some(State { tokens: after, ts }),
+        available,
+    }
+}
+
+/// The start of the window containing `now`, for windows at
+/// `offset + k·period`.
+fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
+    let k = (i128::from(now.0) - i128::from(offset)).div_euclid(i128::from(period));
+    let start = i128::from(offset) + k * i128::from(period);
+    Nanos(i64::try_from(start).unwrap_or(now.0))
+}
+
+fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> State {
+    let period = fw.period().0;
+    match state {
+        None => State {
+            tokens: fw.capacity(),
+            ts: window_start(now, fw.start().map_or(offset, |s| s.0), period),
+        },
+        Some(s) => {
+            let windows = (now.0.saturating_sub(s.ts.0)).max(0) / period;
+            State {
+                tokens: (s.tokens + fw.rate() * windows as f64).min(fw.capacity()),
+                ts: Nanos(s.ts.0.saturating_add(windows.saturating_mul(period))),
+            }
+        }
+    }
+}
+
+/// Seconds from `now` until the start of the window that is `windows`
+/// windows after the one starting at `ts`.
+fn until_window(fw: &FixedWindow, ts: Nanos, now: Nanos, windows: f64) -> f64 {
+    ((ts.0 - now.0) as f64 + windows * fw.period().0 as f64) / NS
+}
+
+fn fixed_window(
+    fw: &FixedWindow,
+    state: Option<State>,
+    offset: i64,
+    now: Nanos,
+    cost: f64,
+    reserve: bool,
+) -> Eval {
+    let State { tokens: value, ts } = fw_roll(fw, state, offset, now);
+    let deficit = cost - value;
+    let wait = || until_window(fw, ts, now, (deficit / fw.rate()).ceil());
+    let (allowed, after, retry_after) = if value >= cost {
+        (true, value - cost, None)
+    } else if may_reserve(reserve, deficit, fw.max_reserved()) {
+        (true, value - cost, Some(wait()))
+    } else {
+        (false, value, Some(wait()))
+    };
+    let reset = if after >= fw.capacity() {
+        0.0
+    } else {
+        until_window(fw, ts, now, ((fw.capacity() - after) / fw.rate()).ceil())
+    };
+    Eval {
+        decision: Decision {
+            allowed,
+            limit: fw.capacity(),
+            remaining: remaining(after),
+            retry_after,
+            reset,
+        },
+        next: allowed.then_some(State { tokens: after, ts }),
+        available: value,
+    }
+}
+
+/// The key's tokens and time at `now`, without changing anything.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::{current, State}};
+/// let tb = Algorithm::from(TokenBucket::new(2.0, 10.0).unwrap());
+/// let v = current(&tb, Some(State { tokens: 1.0, ts: Nanos(0) }), 0, Nanos(1_000_000_000));
+/// assert_eq!(v.tokens, 3.0);
+/// ```
+pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> Value {
+    let s = match alg {
+        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
+        Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
+    };
+    Value {
+        tokens: s.tokens,
+        ts: s.ts,
+    }
+}
+
+/// The earliest time at which `state` has refilled to full.
+///
+/// From then on the state carries no information (a missing key is full), so
+/// a store may drop it, and Redis may let it expire. The result is rounded up
+/// so that nothing is dropped early.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::{full_at, State}};
+/// let tb = Algorithm::from(TokenBucket::new(2.0, 10.0).unwrap());
+/// let s = State { tokens: 9.0, ts: Nanos(0) };
+/// assert_eq!(full_at(&tb, &s), Nanos(500_000_000));
+/// ```
+pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
+    let missing = alg.capacity() - state.tokens;
+    if missing <= 0.0 {
+        return state.ts;
+    }
+    let span = match alg {
+        Algorithm::TokenBucket(tb) => (missing / tb.rate() * NS).ceil(),
+        Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+    };
+    // `as` saturates, so an absurd span just means "never".
+    Nanos(state.ts.0.saturating_add(span as i64))
+}
+
+/// The window alignment of a key when a fixed window has no `start`: a
+/// stable hash of the key, modulo the period.
+///
+/// The hash is FNV-1a so that every process (and every store) derives the same
+/// windows for the same key.
+///
+/// ```
+/// use sluice_core::algorithm::window_offset;
+/// let a = window_offset(b"user-1", 60_000_000_000);
+/// assert_eq!(a, window_offset(b"user-1", 60_000_000_000));
+/// assert!((0..60_000_000_000).contains(&a));
+/// ```
+pub fn window_offset(key: &[u8], period: i64) -> i64 {
+    const OFFSET_BASIS: u64 = 0xcbf2_9ce4_8422_2325;
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let h = key
+        .iter()
+        .fold(OFFSET_BASIS, |h, &b| (h ^ u64::from(b)).wrapping_mul(PRIME));
+    if period <= 0 {
+        return 0;
+    }
+    (h % period as u64) as i64
+}

@@ -1,0 +1,385 @@
+//! Limit configurations: validated token-bucket and fixed-window parameters,
+//! and [`Limit`], a named, cheaply clonable handle that stores and callers share.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::time::Nanos;
+
+/// Why a limit configuration was rejected.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The refill rate must be a positive finite number.
+    #[error("rate must be a positive finite number, got {0}")]
+    Rate(f64),
+    /// The burst (capacity) must be a finite number ≥ 0.
+    #[error("burst/capacity must be a finite number >= 0, got {0}")]
+    Capacity(f64),
+    /// `max_reserved` must be a finite number ≥ 0.
+    #[error("max_reserved must be a finite number >= 0, got {0}")]
+    MaxReserved(f64),
+    /// The period must be at least one nanosecond.
+    #[error("period must be positive, got {0} s")]
+    Period(f64),
+    /// Nothing could ever be admitted: the capacity is zero and no
+    /// reservations are allowed.
+    #[error("a limit with zero capacity and max_reserved 0 can never admit anything")]
+    NeverAdmits,
+    /// A limit needs at least one shard.
+    #[error("shards must be at least 1")]
+    Shards,
+}
+
+fn finite_nonneg(x: f64, err: fn(f64) -> ConfigError) -> Result<f64, ConfigError> {
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(err(x))
+    }
+}
+
+fn check_admits(capacity: f64, max_reserved: Option<f64>) -> Result<(), ConfigError> {
+    if capacity == 0.0 && max_reserved == Some(0.0) {
+        Err(ConfigError::NeverAdmits)
+    } else {
+        Ok(())
+    }
+}
+
+/// A continuous token bucket: `rate` tokens per second up to `burst`.
+///
+/// ```
+/// use sluice_core::TokenBucket;
+/// let tb = TokenBucket::new(10.0, 20.0).unwrap().with_max_reserved(5.0).unwrap();
+/// assert_eq!((tb.rate(), tb.burst(), tb.max_reserved()), (10.0, 20.0, Some(5.0)));
+/// assert!(TokenBucket::new(-1.0, 20.0).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenBucket {
+    rate: f64,
+    burst: f64,
+    max_reserved: Option<f64>,
+}
+
+impl TokenBucket {
+    /// A bucket refilling at `rate` tokens per second, holding at most `burst`.
+    pub fn new(rate: f64, burst: f64) -> Result<Self, ConfigError> {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(ConfigError::Rate(rate));
+        }
+        let burst = finite_nonneg(burst, ConfigError::Capacity)?;
+        Ok(TokenBucket {
+            rate,
+            burst,
+            max_reserved: None,
+        })
+    }
+
+    /// `tokens` per `period`, with the burst defaulting to `tokens`.
+    ///
+    /// ```
+    /// use sluice_core::{Nanos, TokenBucket};
+    /// let tb = TokenBucket::per_period(10.0, Nanos(60 * Nanos::PER_SEC)).unwrap();
+    /// assert_eq!(tb.burst(), 10.0);
+    /// assert!((tb.rate() - 10.0 / 60.0).abs() < 1e-15);
+    /// ```
+    pub fn per_period(tokens: f64, period: Nanos) -> Result<Self, ConfigError> {
+        if period.0 <= 0 {
+            return Err(ConfigError::Period(period.as_secs_f64()));
+        }
+        if !(tokens.is_finite() && tokens > 0.0) {
+            return Err(ConfigError::Rate(tokens));
+        }
+        Self::new(tokens / period.as_secs_f64(), tokens)
+    }
+
+    /// Replaces the burst.
+    pub fn with_burst(self, burst: f64) -> Result<Self, ConfigError> {
+        let burst = finite_nonneg(burst, ConfigError::Capacity)?;
+        check_admits(burst, self.max_reserved)?;
+        Ok(TokenBucket { burst, ..self })
+    }
+
+    /// Allows reservations to take the bucket down to `-max_reserved`.
+    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, ConfigError> {
+        let m = finite_nonneg(max_reserved, ConfigError::MaxReserved)?;
+        check_admits(self.burst, Some(m))?;
+        Ok(TokenBucket {
+            max_reserved: Some(m),
+            ..self
+        })
+    }
+
+    /// Tokens added per second.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The bucket's capacity.
+    pub fn burst(&self) -> f64 {
+        self.burst
+    }
+
+    /// How far below zero a reservation may take the bucket; `None` is unlimited.
+    pub fn max_reserved(&self) -> Option<f64> {
+        self.max_reserved
+    }
+}
+
+/// Fixed windows: `rate` tokens every `period`, rolling over up to `capacity`.
+///
+/// ```
+/// use sluice_core::{FixedWindow, Nanos};
+/// let fw = FixedWindow::new(100.0, Nanos(60 * Nanos::PER_SEC)).unwrap()
+///     .with_capacity(150.0).unwrap()
+///     .with_start(Nanos(0));
+/// assert_eq!(fw.capacity(), 150.0);
+/// assert_eq!(fw.start(), Some(Nanos(0)));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FixedWindow {
+    rate: f64,
+    period: Nanos,
+    capacity: f64,
+    start: Option<Nanos>,
+    max_reserved: Option<f64>,
+}
+
+impl FixedWindow {
+    /// `rate` tokens per `period`; the capacity defaults to `rate`.
+    pub fn new(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+        if !(rate.is_finite() && rate > 0.0) {
+            return Err(ConfigError::Rate(rate));
+        }
+        if period.0 <= 0 {
+            return Err(ConfigError::Period(period.as_secs_f64()));
+        }
+        Ok(FixedWindow {
+            rate,
+            period,
+            capacity: rate,
+            start: None,
+            max_reserved: None,
+        })
+    }
+
+    /// Lets unused tokens roll over up to `capacity`.
+    pub fn with_capacity(self, capacity: f64) -> Result<Self, ConfigError> {
+        let capacity = finite_nonneg(capacity, ConfigError::Capacity)?;
+        check_admits(capacity, self.max_reserved)?;
+        Ok(FixedWindow { capacity, ..self })
+    }
+
+    /// Aligns every key's windows to `start + k·period`. Without it each key
+    /// gets its own offset, derived from a hash of the key.
+    pub fn with_start(self, start: Nanos) -> Self {
+        FixedWindow {
+            start: Some(start),
+            ..self
+        }
+    }
+
+    /// Allows reservations to take the window down to `-max_reserved`.
+    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, ConfigError> {
+        let m = finite_nonneg(max_reserved, ConfigError::MaxReserved)?;
+        check_admits(self.capacity, Some(m))?;
+        Ok(FixedWindow {
+            max_reserved: Some(m),
+            ..self
+        })
+    }
+
+    /// Tokens added at the start of each window.
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The window length.
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+
+    /// The most tokens a key can hold.
+    pub fn capacity(&self) -> f64 {
+        self.capacity
+    }
+
+    /// The configured window alignment, if any.
+    pub fn start(&self) -> Option<Nanos> {
+        self.start
+    }
+
+    /// How far below zero a reservation may go; `None` is unlimited.
+    pub fn max_reserved(&self) -> Option<f64> {
+        self.max_reserved
+    }
+}
+
+/// The algorithm of a limit with its parameters.
+///
+/// ```
+/// use sluice_core::{Algorithm, TokenBucket};
+/// let a = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap());
+/// assert_eq!(a.capacity(), 5.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Algorithm {
+    /// See [`TokenBucket`].
+    TokenBucket(TokenBucket),
+    /// See [`FixedWindow`].
+    FixedWindow(FixedWindow),
+}
+
+impl From<TokenBucket> for Algorithm {
+    fn from(tb: TokenBucket) -> Self {
+        Algorithm::TokenBucket(tb)
+    }
+}
+
+impl From<FixedWindow> for Algorithm {
+    fn from(fw: FixedWindow) -> Self {
+        Algorithm::FixedWindow(fw)
+    }
+}
+
+impl Algorithm {
+    /// The most tokens a key can hold: the burst or the window capacity.
+    pub fn capacity(&self) -> f64 {
+        match self {
+            Algorithm::TokenBucket(tb) => tb.burst,
+            Algorithm::FixedWindow(fw) => fw.capacity,
+        }
+    }
+
+    /// How far below zero a reservation may go; `None` is unlimited.
+    pub fn max_reserved(&self) -> Option<f64> {
+        match self {
+            Algorithm::TokenBucket(tb) => tb.max_reserved,
+            Algorithm::FixedWindow(fw) => fw.max_reserved,
+        }
+    }
+
+    /// The largest cost that can ever succeed: the capacity, plus
+    /// `max_reserved` when reserving (unbounded when it is absent).
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, TokenBucket};
+    /// let a = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap().with_max_reserved(2.0).unwrap());
+    /// assert_eq!(a.max_cost(false), 5.0);
+    /// assert_eq!(a.max_cost(true), 7.0);
+    /// ```
+    pub fn max_cost(&self, reserve: bool) -> f64 {
+        if reserve {
+            self.capacity() + self.max_reserved().unwrap_or(f64::INFINITY)
+        } else {
+            self.capacity()
+        }
+    }
+
+    /// The same algorithm with rate, capacity and `max_reserved` divided by `n`.
+    fn split(self, n: u32) -> Algorithm {
+        let n = f64::from(n);
+        match self {
+            Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(TokenBucket {
+                rate: tb.rate / n,
+                burst: tb.burst / n,
+                max_reserved: tb.max_reserved.map(|m| m / n),
+            }),
+            Algorithm::FixedWindow(fw) => Algorithm::FixedWindow(FixedWindow {
+                rate: fw.rate / n,
+                capacity: fw.capacity / n,
+                max_reserved: fw.max_reserved.map(|m| m / n),
+                ..fw
+            }),
+        }
+    }
+}
+
+struct LimitInner {
+    name: Arc<str>,
+    algorithm: Algorithm,
+    shards: u32,
+    shard_algorithm: Algorithm,
+}
+
+/// A named limit. Cloning is cheap; stores keep one state per (limit name, key).
+///
+/// ```
+/// use sluice_core::{Limit, TokenBucket};
+/// let limit = Limit::new("sendMessage", TokenBucket::new(10.0 / 60.0, 20.0).unwrap());
+/// assert_eq!(limit.name(), "sendMessage");
+/// let hot = limit.with_shards(4).unwrap();
+/// assert_eq!(hot.shard_algorithm().capacity(), 5.0);
+/// ```
+#[derive(Clone)]
+pub struct Limit {
+    inner: Arc<LimitInner>,
+}
+
+impl Limit {
+    /// Creates a limit with one shard.
+    pub fn new(name: impl Into<Arc<str>>, algorithm: impl Into<Algorithm>) -> Limit {
+        let algorithm = algorithm.into();
+        Limit {
+            inner: Arc::new(LimitInner {
+                name: name.into(),
+                algorithm,
+                shards: 1,
+                shard_algorithm: algorithm,
+            }),
+        }
+    }
+
+    /// Splits a hot key into `n` shards, each with 1/n of the rate, capacity
+    /// and `max_reserved`; each call uses the fuller of two random shards.
+    pub fn with_shards(&self, n: u32) -> Result<Limit, ConfigError> {
+        if n == 0 {
+            return Err(ConfigError::Shards);
+        }
+        Ok(Limit {
+            inner: Arc::new(LimitInner {
+                name: self.inner.name.clone(),
+                algorithm: self.inner.algorithm,
+                shards: n,
+                shard_algorithm: self.inner.algorithm.split(n),
+            }),
+        })
+    }
+
+    /// The limit's name, which namespaces its keys in a store.
+    pub fn name(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// The shared name, for stores that keep it.
+    pub fn name_arc(&self) -> &Arc<str> {
+        &self.inner.name
+    }
+
+    /// The configured algorithm, before any sharding.
+    pub fn algorithm(&self) -> &Algorithm {
+        &self.inner.algorithm
+    }
+
+    /// The number of shards each key is split into.
+    pub fn shards(&self) -> u32 {
+        self.inner.shards
+    }
+
+    /// The algorithm each shard runs: [`Limit::algorithm`] divided by the
+    /// number of shards.
+    pub fn shard_algorithm(&self) -> &Algorithm {
+        &self.inner.shard_algorithm
+    }
+}
+
+impl fmt::Debug for Limit {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Limit")
+            .field("name", &self.inner.name)
+            .field("algorithm", &self.inner.algorithm)
+            .field("shards", &self.inner.shards)
+            .finish()
+    }
+}

@@ -1,0 +1,20 @@
+//! Exact rate limiting: token buckets and fixed windows with variable costs,
+//! reservations, multi-limit transactions and hot-key shards.
+//!
+//! The algorithms in [`algorithm`] are pure functions of a state, a
+//! configuration and the time. A [`Store`] keeps the states and decides a whole
+//! transaction at once; [`MemoryStore`] is the embedded one. A denial is a
+//! [`Decision`] value, never an error.
+
+pub mod algorithm;
+mod config;
+mod decision;
+pub mod memory;
+pub mod store;
+mod time;
+
+pub use config::{Algorithm, ConfigError, FixedWindow, Limit, TokenBucket};
+pub use decision::{Decision, Outcome, Value};
+pub use memory::MemoryStore;
+pub use store::{CostError, Mode, Op, Store, StoreError};
+pub use time::{Clock, FakeClock, Nanos, SystemClock};

@@ -1,0 +1,471 @@
+//! The embedded store: states in sharded hash tables, one small lock per
+//! shard, memory bounded by dropping full buckets and by a key cap.
+//!
+//! A key is held as a 64-bit fingerprint from SipHash-1-3 under a random
+//! per-store key, next to its two numbers: 24 bytes an entry. Keys of
+//! different limits live in different tables, so two keys can only share
+//! state if they belong to the same limit and their fingerprints collide
+//! (chance about n²/2⁶⁵ for n live keys, and no one who doesn't know the
+//! secret key can aim for it); sharing a bucket only ever admits less.
+
+use std::future::{Ready, ready};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::Arc;
+
+use hashbrown::HashTable;
+use parking_lot::{Mutex, MutexGuard};
+use smallvec::SmallVec;
+
+use crate::algorithm::{self, State};
+use crate::config::{Algorithm, Limit};
+use crate::decision::{Outcome, Value};
+use crate::store::{Mode, Op, Store, StoreError};
+use crate::time::{Clock, Nanos, SystemClock};
+
+/// Entries a shard may hold before its first sweep for full buckets.
+const MIN_SWEEP: usize = 1024;
+
+#[derive(Clone, Copy)]
+struct Entry {
+    fp: u64,
+    tokens: f64,
+    ts: i64,
+}
+
+impl Entry {
+    fn state(&self) -> State {
+        State {
+            tokens: self.tokens,
+            ts: Nanos(self.ts),
+        }
+    }
+}
+
+/// The keys of one limit within one shard.
+struct Table {
+    name: Arc<str>,
+    alg: Algorithm,
+    entries: HashTable<Entry>,
+}
+
+impl Table {
+    fn get(&self, fp: u64) -> Option<State> {
+        self.entries.find(fp, |e| e.fp == fp).map(Entry::state)
+    }
+
+    /// Stores `s`, or forgets the key when `s` is full. Returns the change in
+    /// the number of entries.
+    fn put(&mut self, fp: u64, s: State) -> isize {
+        let full = s.tokens >= self.alg.capacity();
+        match self.entries.find_entry(fp, |e| e.fp == fp) {
+            Ok(occupied) if full => {
+                occupied.remove();
+                -1
+            }
+            Ok(mut occupied) => {
+                let e = occupied.get_mut();
+                e.tokens = s.tokens;
+                e.ts = s.ts.0;
+                0
+            }
+            Err(_) if full => 0,
+            Err(_) => {
+                let e = Entry {
+                    fp,
+                    tokens: s.tokens,
+                    ts: s.ts.0,
+                };
+                self.entries.insert_unique(fp, e, |e| e.fp);
+                1
+            }
+        }
+    }
+
+    fn remove(&mut self, fp: u64) -> isize {
+        match self.entries.find_entry(fp, |e| e.fp == fp) {
+            Ok(occupied) => {
+                occupied.remove();
+                -1
+            }
+            Err(_) => 0,
+        }
+    }
+}
+
+#[derive(Default)]
+struct Shard {
+    tables: Vec<Table>,
+    len: usize,
+    next_sweep: usize,
+}
+
+impl Shard {
+    /// The table of `limit`, created on first use. A changed configuration
+    /// takes effect at once and keeps the stored tokens.
+    fn table(&mut self, limit: &Limit) -> usize {
+        let alg = *limit.shard_algorithm();
+        let name = limit.name_arc();
+        let found = self
+            .tables
+            .iter()
+            .position(|t| Arc::ptr_eq(&t.name, name) || *t.name == **name);
+        match found {
+            Some(i) => {
+                let t = &mut self.tables[i];
+                if t.alg != alg {
+                    t.alg = alg;
+                }
+                i
+            }
+            None => {
+                self.tables.push(Table {
+                    name: name.clone(),
+                    alg,
+                    entries: HashTable::new(),
+                });
+                self.tables.len() - 1
+            }
+        }
+    }
+
+    fn apply(&mut self, delta: isize) {
+        self.len = self.len.saturating_add_signed(delta);
+    }
+
+    /// Drops full buckets every time the shard doubles, and enforces the key
+    /// cap by dropping the buckets nearest to full: they hold the least.
+    fn maintain(&mut self, now: Nanos, cap: usize) {
+        if self.len < self.next_sweep.max(MIN_SWEEP) && self.len <= cap {
+            return;
+        }
+        for t in &mut self.tables {
+            let alg = t.alg;
+            t.entries
+                .retain(|e| algorithm::full_at(&alg, &e.state()) > now);
+        }
+        self.recount();
+        if self.len > cap {
+            self.evict_nearest_full(cap - cap / 8);
+        }
+        for t in &mut self.tables {
+            if t.entries.capacity() > 4 * (t.entries.len() + 16) {
+                t.entries.shrink_to(t.entries.len() * 2, |e| e.fp);
+            }
+        }
+        self.next_sweep = (self.len * 2).max(MIN_SWEEP);
+    }
+
+    fn recount(&mut self) {
+        self.len = self.tables.iter().map(|t| t.entries.len()).sum();
+    }
+
+    fn evict_nearest_full(&mut self, target: usize) {
+        let mut times: Vec<i64> = self
+            .tables
+            .iter()
+            .flat_map(|t| {
+                t.entries
+                    .iter()
+                    .map(|e| algorithm::full_at(&t.alg, &e.state()).0)
+            })
+            .collect();
+        let excess = times.len().saturating_sub(target);
+        if excess == 0 {
+            return;
+        }
+        let (_, &mut cutoff, _) = times.select_nth_unstable(excess - 1);
+        let mut budget = excess;
+        for t in &mut self.tables {
+            let alg = t.alg;
+            t.entries.retain(|e| {
+                if budget > 0 && algorithm::full_at(&alg, &e.state()).0 <= cutoff {
+                    budget -= 1;
+                    false
+                } else {
+                    true
+                }
+            });
+        }
+        self.recount();
+    }
+}
+
+/// Cache-line alignment keeps neighbouring shard locks from false sharing.
+#[repr(align(128))]
+struct Padded<T>(T);
+
+/// The in-memory [`Store`]: concurrent, exact, and bounded.
+///
+/// ```
+/// use sluice_core::{FakeClock, Limit, MemoryStore, Mode, Op, TokenBucket};
+/// let clock = FakeClock::default();
+/// let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_000_000);
+/// let limit = Limit::new("api", TokenBucket::new(1.0, 2.0).unwrap());
+/// let out = store.transact_now(&[Op::new(&limit, "alice", 2.0)], Mode::CONSUME).unwrap();
+/// assert!(out.allowed);
+/// let out = store.transact_now(&[Op::new(&limit, "alice", 1.0)], Mode::CONSUME).unwrap();
+/// assert_eq!(out.retry_after(), Some(1.0));
+/// ```
+pub struct MemoryStore<C = SystemClock> {
+    clock: C,
+    hasher: RandomState,
+    shards: Box<[Padded<Mutex<Shard>>]>,
+    shard_bits: u32,
+    shard_cap: usize,
+}
+
+impl MemoryStore<SystemClock> {
+    /// A store on the system clock, with no key cap.
+    pub fn new() -> Self {
+        Self::with_clock(SystemClock::new())
+    }
+}
+
+impl Default for MemoryStore<SystemClock> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// One candidate state location: which locked shard, which table, which key.
+#[derive(Clone, Copy, PartialEq, Eq)]
+struct Slot {
+    guard: usize,
+    table: usize,
+    fp: u64,
+}
+
+impl<C: Clock> MemoryStore<C> {
+    /// A store reading time from `clock`, with no key cap.
+    pub fn with_clock(clock: C) -> Self {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let n = (cores * 8).next_power_of_two().max(16);
+        MemoryStore {
+            clock,
+            hasher: RandomState::new(),
+            shards: (0..n)
+                .map(|_| Padded(Mutex::new(Shard::default())))
+                .collect(),
+            shard_bits: n.trailing_zeros(),
+            shard_cap: usize::MAX,
+        }
+    }
+
+    /// Caps the number of keys held (approximately: the cap is split evenly
+    /// across shards). When a shard is full, the buckets nearest to full are
+    /// dropped first.
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.shard_cap = (max_keys >> self.shard_bits).max(1);
+        self
+    }
+
+    /// The clock the store reads.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The number of keys held. Full buckets are not held.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
+    /// let store = MemoryStore::new();
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 2.0).unwrap());
+    /// store.transact_now(&[Op::new(&limit, "a", 1.0)], Mode::CONSUME).unwrap();
+    /// assert_eq!(store.len(), 1);
+    /// ```
+    pub fn len(&self) -> usize {
+        self.shards.iter().map(|s| s.0.lock().len).sum()
+    }
+
+    /// Whether no key is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    fn fingerprint(&self, key: &str, shard: u32) -> u64 {
+        let h = self.hasher.hash_one(key);
+        if shard == 0 {
+            h
+        } else {
+            // Distinct shards of one key must not collide with each other.
+            h ^ splitmix64(u64::from(shard))
+        }
+    }
+
+    fn lock_index(&self, fp: u64) -> usize {
+        // Middle bits: the table uses the low bits for buckets and the top
+        // seven for tags, and both should stay well spread within a shard.
+        ((fp >> 32) & ((1 << self.shard_bits) - 1)) as usize
+    }
+
+    /// Decides a transaction now. This is the whole of the store; the
+    /// [`Store`] methods wrap it in a ready future.
+    pub fn transact_now(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
+        for op in ops {
+            op.validate(mode.reserve)?;
+        }
+        // Candidate fingerprints for every op, and the shards they live in.
+        let cands: SmallVec<[(u64, u64); 4]> = ops
+            .iter()
+            .map(|op| {
+                let (a, b) = op.shards();
+                let fa = self.fingerprint(op.key, a);
+                (
+                    fa,
+                    if a == b {
+                        fa
+                    } else {
+                        self.fingerprint(op.key, b)
+                    },
+                )
+            })
+            .collect();
+        let mut locks: SmallVec<[usize; 8]> = cands
+            .iter()
+            .flat_map(|&(a, b)| [self.lock_index(a), self.lock_index(b)])
+            .collect();
+        // A fixed order makes concurrent multi-shard transactions deadlock-free.
+        locks.sort_unstable();
+        locks.dedup();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> =
+            locks.iter().map(|&i| self.shards[i].0.lock()).collect();
+        let now = self.clock.now();
+
+        let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
+        let mut decisions = SmallVec::new();
+        for (op, &(fa, fb)) in ops.iter().zip(&cands) {
+            let alg = *op.limit.shard_algorithm();
+            let offset = window_offset(&alg, op.key);
+            let mut slot_of = |fp: u64| {
+                let guard = locks.binary_search(&self.lock_index(fp)).unwrap_or(0);
+                let table = guards[guard].table(op.limit);
+                Slot { guard, table, fp }
+            };
+            let (sa, sb) = (slot_of(fa), slot_of(fb));
+            // Later ops of the same transaction see the earlier ops' effects.
+            let read = |s: Slot| {
+                pending
+                    .iter()
+                    .rev()
+                    .find(|(p, _)| *p == s)
+                    .map(|&(_, st)| st)
+                    .or_else(|| guards[s.guard].tables[s.table].get(s.fp))
+            };
+            let (slot, state) = if sa == sb {
+                (sa, read(sa))
+            } else {
+                let (st_a, st_b) = (read(sa), read(sb));
+                let tokens = |st| algorithm::current(&alg, st, offset, now).tokens;
+                if tokens(st_b) > tokens(st_a) {
+                    (sb, st_b)
+                } else {
+                    (sa, st_a)
+                }
+            };
+            let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
+            if let Some(next) = ev.next {
+                pending.push((slot, next));
+            }
+            decisions.push(ev.decision);
+        }
+        let outcome = Outcome::from_decisions(decisions);
+        if outcome.allowed && mode.consume {
+            for (slot, st) in pending {
+                let shard = &mut *guards[slot.guard];
+                let delta = shard.tables[slot.table].put(slot.fp, st);
+                shard.apply(delta);
+            }
+            for g in &mut guards {
+                g.maintain(now, self.shard_cap);
+            }
+        }
+        Ok(outcome)
+    }
+
+    fn with_key_slots<R>(
+        &self,
+        limit: &Limit,
+        key: &str,
+        mut f: impl FnMut(&mut Shard, usize, u64) -> R,
+    ) -> SmallVec<[R; 1]> {
+        (0..limit.shards())
+            .map(|s| {
+                let fp = self.fingerprint(key, s);
+                let mut shard = self.shards[self.lock_index(fp)].0.lock();
+                let table = shard.table(limit);
+                f(&mut shard, table, fp)
+            })
+            .collect()
+    }
+
+    /// Restores a key to full (all its shards).
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
+    /// let store = MemoryStore::new();
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 1.0).unwrap());
+    /// store.transact_now(&[Op::new(&limit, "a", 1.0)], Mode::CONSUME).unwrap();
+    /// store.reset_now(&limit, "a");
+    /// assert!(store.transact_now(&[Op::new(&limit, "a", 1.0)], Mode::CONSUME).unwrap().allowed);
+    /// ```
+    pub fn reset_now(&self, limit: &Limit, key: &str) {
+        self.with_key_slots(limit, key, |shard, t, fp| {
+            let delta = shard.tables[t].remove(fp);
+            shard.apply(delta);
+        });
+    }
+
+    /// The key's tokens now, summed over its shards, and the latest time.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, TokenBucket};
+    /// let store = MemoryStore::new();
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 3.0).unwrap());
+    /// assert_eq!(store.value_now(&limit, "never-seen").tokens, 3.0);
+    /// ```
+    pub fn value_now(&self, limit: &Limit, key: &str) -> Value {
+        let alg = *limit.shard_algorithm();
+        let offset = window_offset(&alg, key);
+        let now = self.clock.now();
+        let parts = self.with_key_slots(limit, key, |shard, t, fp| {
+            algorithm::current(&alg, shard.tables[t].get(fp), offset, now)
+        });
+        Value {
+            tokens: parts.iter().map(|v| v.tokens).sum(),
+            ts: parts.iter().map(|v| v.ts).max().unwrap_or(now),
+        }
+    }
+}
+
+fn window_offset(alg: &Algorithm, key: &str) -> i64 {
+    match alg {
+        Algorithm::FixedWindow(fw) if fw.start().is_none() => {
+            algorithm::window_offset(key.as_bytes(), fw.period().0)
+        }
+        _ => 0,
+    }
+}
+
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+// The futures are always ready; saying so lets callers poll them once.
+#[allow(refining_impl_trait)]
+impl<C: Clock> Store for MemoryStore<C> {
+    fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Ready<Result<Outcome, StoreError>> {
+        ready(self.transact_now(ops, mode))
+    }
+
+    fn reset(&self, limit: &Limit, key: &str) -> Ready<Result<(), StoreError>> {
+        self.reset_now(limit, key);
+        ready(Ok(()))
+    }
+
+    fn value(&self, limit: &Limit, key: &str) -> Ready<Result<Value, StoreError>> {
+        ready(Ok(self.value_now(limit, key)))
+    }
+}

@@ -1,0 +1,228 @@
+//! The [`Store`] trait: where limit states live, and the one call that decides
+//! a whole transaction.
+//!
+//! One call carries every operation of a transaction so that a remote store
+//! (Redis) can decide it in a single round trip, atomically.
+
+use std::future::Future;
+
+use crate::config::Limit;
+use crate::decision::{Decision, Outcome, Value};
+
+/// Why a cost was refused before any state was touched.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CostError {
+    /// Costs must be finite and ≥ 0 (0 is a check).
+    #[error("cost must be a finite number >= 0, got {0}")]
+    Invalid(f64),
+    /// The cost exceeds what the limit could ever admit.
+    #[error(
+        "cost {cost} can never succeed on limit {limit:?}: the most it admits at once is {max}"
+    )]
+    Impossible {
+        /// The limit's name.
+        limit: String,
+        /// The cost asked for.
+        cost: f64,
+        /// Capacity plus `max_reserved` (when reserving).
+        max: f64,
+    },
+}
+
+/// Why a store could not decide.
+///
+/// A denial is not an error: it is an [`Outcome`] with `allowed == false`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The request itself was bad; retrying will not help.
+    #[error(transparent)]
+    Cost(#[from] CostError),
+    /// The backend failed or is unreachable.
+    #[error("store unavailable: {0}")]
+    Unavailable(String),
+    /// The backend did not answer in time.
+    #[error("store timed out")]
+    Timeout,
+}
+
+/// How a transaction treats the states it reads.
+///
+/// ```
+/// use sluice_core::Mode;
+/// assert!(Mode::CONSUME.consume && !Mode::CONSUME.reserve);
+/// assert!(!Mode::CHECK.consume);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Mode {
+    /// Commit the new states when every limit allows. `false` is a check.
+    pub consume: bool,
+    /// Allow going below zero, within `max_reserved`, with a delay.
+    pub reserve: bool,
+}
+
+impl Mode {
+    /// Take the tokens if every limit has them.
+    pub const CONSUME: Mode = Mode {
+        consume: true,
+        reserve: false,
+    };
+    /// Take the tokens, reserving future ones if needed.
+    pub const RESERVE: Mode = Mode {
+        consume: true,
+        reserve: true,
+    };
+    /// Say what `CONSUME` would say, changing nothing.
+    pub const CHECK: Mode = Mode {
+        consume: false,
+        reserve: false,
+    };
+}
+
+/// One limit, one key, one cost: a member of a transaction.
+///
+/// ```
+/// use sluice_core::{Limit, Op, TokenBucket};
+/// let limit = Limit::new("api", TokenBucket::new(1.0, 1.0).unwrap());
+/// let op = Op::new(&limit, "user-1", 1.0);
+/// assert_eq!(op.key, "user-1");
+/// ```
+#[derive(Debug, Clone, Copy)]
+pub struct Op<'a> {
+    /// The limit to apply.
+    pub limit: &'a Limit,
+    /// The key within the limit (a user, an IP, a composite).
+    pub key: &'a str,
+    /// Tokens to take.
+    pub cost: f64,
+    /// Random bits choosing the two candidate shards of a sharded limit.
+    pub pick: u64,
+}
+
+impl<'a> Op<'a> {
+    /// An operation with fresh random shard choices.
+    pub fn new(limit: &'a Limit, key: &'a str, cost: f64) -> Op<'a> {
+        let pick = if limit.shards() > 1 {
+            fastrand::u64(..)
+        } else {
+            0
+        };
+        Op {
+            limit,
+            key,
+            cost,
+            pick,
+        }
+    }
+
+    /// The same operation with chosen shard bits, for reproducible runs.
+    pub fn with_pick(self, pick: u64) -> Op<'a> {
+        Op { pick, ..self }
+    }
+
+    /// The two candidate shards (equal when the limit has one shard).
+    ///
+    /// ```
+    /// use sluice_core::{Limit, Op, TokenBucket};
+    /// let limit = Limit::new("api", TokenBucket::new(4.0, 4.0).unwrap()).with_shards(4).unwrap();
+    /// let (a, b) = Op::new(&limit, "k", 1.0).with_pick(7).shards();
+    /// assert!(a != b && a < 4 && b < 4);
+    /// ```
+    pub fn shards(&self) -> (u32, u32) {
+        let n = u64::from(self.limit.shards());
+        if n <= 1 {
+            return (0, 0);
+        }
+        let a = self.pick % n;
+        let b = (a + 1 + (self.pick >> 32) % (n - 1)) % n;
+        // Both are below n, which is a u32.
+        (a as u32, b as u32)
+    }
+
+    /// Checks the cost against the limit, so that bad input is an error and
+    /// never a silent denial.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, Op, TokenBucket, CostError};
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 5.0).unwrap());
+    /// assert!(Op::new(&limit, "k", 5.0).validate(false).is_ok());
+    /// assert!(matches!(Op::new(&limit, "k", 6.0).validate(false), Err(CostError::Impossible { .. })));
+    /// assert!(matches!(Op::new(&limit, "k", -1.0).validate(false), Err(CostError::Invalid(_))));
+    /// ```
+    pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
+        if !(self.cost.is_finite() && self.cost >= 0.0) {
+            return Err(CostError::Invalid(self.cost));
+        }
+        let max = self.limit.shard_algorithm().max_cost(reserve);
+        if self.cost > max {
+            return Err(CostError::Impossible {
+                limit: self.limit.name().to_owned(),
+                cost: self.cost,
+                max,
+            });
+        }
+        Ok(())
+    }
+}
+
+/// Where limit states live.
+///
+/// Implementations decide a whole transaction atomically: either every
+/// operation's limit allows and (unless checking) every one consumes, or
+/// none changes.
+///
+/// ```
+/// use sluice_core::{FakeClock, Limit, MemoryStore, Mode, Op, Store, TokenBucket};
+/// # fn block_on<F: std::future::Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+/// #         std::task::Poll::Ready(v) => v,
+/// #         std::task::Poll::Pending => unreachable!(),
+/// #     }
+/// # }
+/// let store = MemoryStore::with_clock(FakeClock::default());
+/// let limit = Limit::new("api", TokenBucket::new(1.0, 1.0).unwrap());
+/// let d = block_on(store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)).unwrap();
+/// assert!(d.allowed);
+/// let d = block_on(store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)).unwrap();
+/// assert!(!d.allowed);
+/// ```
+pub trait Store: Send + Sync {
+    /// Decides every operation as one transaction.
+    fn transact(
+        &self,
+        ops: &[Op<'_>],
+        mode: Mode,
+    ) -> impl Future<Output = Result<Outcome, StoreError>> + Send;
+
+    /// Restores a key to full.
+    fn reset(
+        &self,
+        limit: &Limit,
+        key: &str,
+    ) -> impl Future<Output = Result<(), StoreError>> + Send;
+
+    /// The key's current tokens and time (summed over shards).
+    fn value(
+        &self,
+        limit: &Limit,
+        key: &str,
+    ) -> impl Future<Output = Result<Value, StoreError>> + Send;
+
+    /// Decides a single operation.
+    fn decide(
+        &self,
+        op: Op<'_>,
+        mode: Mode,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send {
+        async move {
+            let outcome = self.transact(std::slice::from_ref(&op), mode).await?;
+            outcome
+                .decisions
+                .first()
+                .copied()
+                .ok_or_else(|| StoreError::Unavailable("store returned no decision".into()))
+        }
+    }
+}
