@@ -85,8 +85,8 @@ fn remaining(tokens: f64) -> u64 {
 
 /// Seconds elapsed from `from` to `to`, never negative: a clock that steps
 /// backwards refills nothing.
-fn elapsed_secs(from: Nanos, to: Nanos) -> f64 {
-    (to.0.saturating_sub(from.0)).max(0) as f64 / NS
+fn elapsed(from: Nanos, to: Nanos) -> i64 {
+    to.0.saturating_sub(from.0).max(0)
 }
 
 fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
@@ -96,7 +96,7 @@ fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
             ts: now,
         },
         Some(s) => State {
-            tokens: (s.tokens + elapsed_secs(s.ts, now) * tb.rate()).min(tb.burst()),
+            tokens: (s.tokens + tb.refill(elapsed(s.ts, now))).min(tb.burst()),
             // Keeping the later time guards against a clock that stepped
             // back: the span between would otherwise be credited twice.
             ts: s.ts.max(now),
@@ -119,9 +119,9 @@ fn token_bucket(
     let (allowed, after, retry_after) = if available >= cost {
         (true, available - cost, None)
     } else if may_reserve(reserve, deficit, tb.max_reserved()) {
-        (true, available - cost, Some(deficit / tb.rate()))
+        (true, available - cost, Some(tb.secs_for(deficit)))
     } else {
-        (false, available, Some(deficit / tb.rate()))
+        (false, available, Some(tb.secs_for(deficit)))
     };
     Eval {
         decision: Decision {
@@ -129,7 +129,7 @@ fn token_bucket(
             limit: tb.burst(),
             remaining: remaining(after),
             retry_after,
-            reset: ((tb.burst() - after) / tb.rate()).max(0.0),
+            reset: tb.secs_for(tb.burst() - after).max(0.0),
         },
         next: allowed.then_some(State { tokens: after, ts }),
         available,
@@ -152,7 +152,7 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
             ts: window_start(now, fw.start().map_or(offset, |s| s.0), period),
         },
         Some(s) => {
-            let windows = (now.0.saturating_sub(s.ts.0)).max(0) / period;
+            let windows = elapsed(s.ts, now) / period;
             State {
                 tokens: (s.tokens + fw.rate() * windows as f64).min(fw.capacity()),
                 ts: Nanos(s.ts.0.saturating_add(windows.saturating_mul(period))),
@@ -240,7 +240,7 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
         return state.ts;
     }
     let span = match alg {
-        Algorithm::TokenBucket(tb) => (missing / tb.rate() * NS).ceil(),
+        Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
         Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
     };
     // `as` saturates, so an absurd span just means "never".

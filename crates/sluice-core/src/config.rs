@@ -57,7 +57,10 @@ fn check_admits(capacity: f64, max_reserved: Option<f64>) -> Result<(), ConfigEr
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TokenBucket {
-    rate: f64,
+    // The rate is kept as the exact pair the user gave (tokens per period)
+    // so that "10 per 60 s" refills 1 token in exactly 6 s, not 6.000000000000001.
+    tokens: f64,
+    period: Nanos,
     burst: f64,
     max_reserved: Option<f64>,
 }
@@ -65,15 +68,7 @@ pub struct TokenBucket {
 impl TokenBucket {
     /// A bucket refilling at `rate` tokens per second, holding at most `burst`.
     pub fn new(rate: f64, burst: f64) -> Result<Self, ConfigError> {
-        if !(rate.is_finite() && rate > 0.0) {
-            return Err(ConfigError::Rate(rate));
-        }
-        let burst = finite_nonneg(burst, ConfigError::Capacity)?;
-        Ok(TokenBucket {
-            rate,
-            burst,
-            max_reserved: None,
-        })
+        Self::per_period(rate, Nanos(Nanos::PER_SEC))?.with_burst(burst)
     }
 
     /// `tokens` per `period`, with the burst defaulting to `tokens`.
@@ -91,7 +86,12 @@ impl TokenBucket {
         if !(tokens.is_finite() && tokens > 0.0) {
             return Err(ConfigError::Rate(tokens));
         }
-        Self::new(tokens / period.as_secs_f64(), tokens)
+        Ok(TokenBucket {
+            tokens,
+            period,
+            burst: tokens,
+            max_reserved: None,
+        })
     }
 
     /// Replaces the burst.
@@ -113,7 +113,28 @@ impl TokenBucket {
 
     /// Tokens added per second.
     pub fn rate(&self) -> f64 {
-        self.rate
+        self.tokens / self.period.as_secs_f64()
+    }
+
+    /// Tokens added per [`TokenBucket::period`]: the rate as configured.
+    pub fn tokens_per_period(&self) -> f64 {
+        self.tokens
+    }
+
+    /// The period the rate is expressed over (one second unless given).
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+
+    /// Tokens added over `ns` nanoseconds.
+    pub(crate) fn refill(&self, ns: i64) -> f64 {
+        // One multiplication and one division keep whole results exact.
+        ns as f64 * self.tokens / self.period.0 as f64
+    }
+
+    /// Seconds needed to add `tokens` tokens.
+    pub(crate) fn secs_for(&self, tokens: f64) -> f64 {
+        tokens * self.period.as_secs_f64() / self.tokens
     }
 
     /// The bucket's capacity.
@@ -282,9 +303,10 @@ impl Algorithm {
         let n = f64::from(n);
         match self {
             Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(TokenBucket {
-                rate: tb.rate / n,
+                tokens: tb.tokens / n,
                 burst: tb.burst / n,
                 max_reserved: tb.max_reserved.map(|m| m / n),
+                ..tb
             }),
             Algorithm::FixedWindow(fw) => Algorithm::FixedWindow(FixedWindow {
                 rate: fw.rate / n,

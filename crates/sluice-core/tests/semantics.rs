@@ -481,3 +481,20 @@ fn shards_split_the_limit_and_pick_the_fuller_of_two() {
         .count();
     assert_eq!(admitted, 4);
 }
+
+#[test]
+fn a_rate_per_period_keeps_whole_results_whole() {
+    let h = H::new();
+    let per_minute = TokenBucket::per_period(10.0, Nanos(60 * S))
+        .unwrap()
+        .with_burst(20.0)
+        .unwrap();
+    let l = Limit::new("sendMessage", per_minute);
+    assert!(h.take(&l, 20.0).allowed);
+    let d = h.take(&l, 1.0);
+    assert_eq!(d.retry_after, Some(6.0));
+    assert_eq!(d.reset, 120.0);
+    h.at(6.0);
+    assert_eq!(h.tokens(&l), 1.0);
+    assert!(h.take(&l, 1.0).allowed);
+}
