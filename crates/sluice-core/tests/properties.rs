@@ -2,6 +2,9 @@
 //! bound over every window, denials and failed transactions never consume,
 //! reservations stay within bounds, and agreement with a brute-force model.
 
+// Test helpers outside #[test] functions fail loudly on purpose.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 use proptest::prelude::*;
 use sluice_core::{
     Algorithm, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos, Op, TokenBucket,

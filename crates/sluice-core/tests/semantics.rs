@@ -1,6 +1,9 @@
 //! The normative formulas of DESIGN.md, one behaviour per test, on a fake
 //! clock through the in-memory store.
 
+// Test helpers outside #[test] functions fail loudly on purpose.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
 use sluice_core::{
     Algorithm, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos, Op,
     StoreError, TokenBucket,

@@ -1,0 +1,395 @@
+//! Validation: turns the file as written into a [`Policy`], refusing anything
+//! that could never work, at the position of the value responsible.
+
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::time::Duration;
+
+use serde_saphyr::Spanned;
+use sluice_core::{Algorithm, FixedWindow, Limit, Nanos, TokenBucket};
+
+use crate::error::{Invalid, Pos, at};
+use crate::keys::{Cost, CostSource, LimitKey};
+use crate::matching::Condition;
+use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
+use crate::schema::{AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, StoreKind};
+
+pub(crate) fn compile(raw: RawPolicy) -> Result<Policy, Invalid> {
+    let mut policy = Policy {
+        on_store_error: raw.on_store_error.unwrap_or_default(),
+        ..Policy::default()
+    };
+    if let Some(s) = &raw.store {
+        policy.store = store(s)?;
+    }
+    // Rules and named limits share one namespace: the store keys state by
+    // limit name, so a rule and a limit with the same name would share buckets.
+    let mut names = HashMap::new();
+    for (name, limit) in raw.limits.map(|e| e.0).unwrap_or_default() {
+        claim(&mut names, &name, "limit")?;
+        let config = &limit.value.algorithm_config;
+        let (built, _) = build(&name.value, limit.value.algorithm, config)?;
+        forbid_cost(&config.value)?;
+        policy.limit_index.insert(name.value, policy.limits.len());
+        policy.limits.push(NamedLimit {
+            limit: built,
+            mode: limit.value.mode.unwrap_or_default(),
+        });
+    }
+    for rule in raw.rules.unwrap_or_default() {
+        claim(&mut names, &rule.value.name, "rule")?;
+        policy.rules.push(compile_rule(rule.value, &policy)?);
+    }
+    Ok(policy)
+}
+
+fn compile_rule(r: RawRule, policy: &Policy) -> Result<Rule, Invalid> {
+    let keys = r
+        .limit_keys
+        .iter()
+        .map(|k| LimitKey::parse(&k.value).map_err(|m| at(k, m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let conditions = r
+        .conditions
+        .map(|e| e.0)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(k, v)| Condition::parse(&k.value, v.value).map_err(|m| at(&k, m)))
+        .collect::<Result<Vec<_>, _>>()?;
+    let config = &r.algorithm_config;
+    let (limit, capacity) = build(&r.name.value, r.algorithm, config)?;
+    let cost = cost(&config.value)?;
+    // Rules never reserve, so a request is admitted only if its cost fits in
+    // one shard's capacity; if even the baseline cost does not, nothing passes.
+    let (need, cost_field) = cost.baseline();
+    let per_shard = limit.shard_algorithm().capacity();
+    if per_shard < need {
+        let shards = limit.shards();
+        let split = if shards > 1 {
+            format!(" split over {shards} shards leaves {per_shard} per shard, which")
+        } else {
+            String::new()
+        };
+        return Err(at(
+            capacity.pos,
+            format!(
+                "{} {}{split} is less than the rule's {cost_field} {need}: \
+                 no request could ever pass",
+                capacity.label,
+                limit.algorithm().capacity(),
+            ),
+        ));
+    }
+    Ok(Rule {
+        limit,
+        keys,
+        conditions,
+        cost,
+        mode: r.mode.unwrap_or_default(),
+        on_store_error: r.on_store_error.unwrap_or(policy.on_store_error),
+    })
+}
+
+/// Records `name` as taken, refusing empty and duplicate names.
+fn claim(
+    names: &mut HashMap<String, (Pos, &'static str)>,
+    name: &Spanned<String>,
+    kind: &'static str,
+) -> Result<(), Invalid> {
+    if name.value.is_empty() {
+        return Err(at(name, format!("a {kind} name must not be empty")));
+    }
+    match names.entry(name.value.clone()) {
+        Entry::Vacant(v) => {
+            v.insert((Pos::from(name), kind));
+            Ok(())
+        }
+        Entry::Occupied(o) => {
+            let (first, first_kind) = *o.get();
+            Err(at(
+                name,
+                if first_kind == kind {
+                    format!(
+                        "duplicate {kind} name `{}`; it is first used at {first}",
+                        name.value
+                    )
+                } else {
+                    format!(
+                        "{kind} name `{}` is already the name of a {first_kind} at {first}; \
+                         rules and limits share one namespace in the store",
+                        name.value
+                    )
+                },
+            ))
+        }
+    }
+}
+
+fn store(s: &Spanned<RawStore>) -> Result<StoreConfig, Invalid> {
+    let r = &s.value;
+    let wrong = |field: &str, kind: &str| format!("`{field}` applies to the {kind} store only");
+    match r.kind {
+        StoreKind::Memory => {
+            if let Some(u) = &r.url {
+                return Err(at(u, wrong("url", "redis")));
+            }
+            if let Some(t) = &r.timeout_ms {
+                return Err(at(t, wrong("timeout_ms", "redis")));
+            }
+            let max_keys = match &r.max_keys {
+                Some(m) if m.value == 0 => return Err(at(m, "`max_keys` must be at least 1")),
+                Some(m) => Some(usize::try_from(m.value).map_err(|_| at(m, "too large"))?),
+                None => None,
+            };
+            Ok(StoreConfig::Memory { max_keys })
+        }
+        StoreKind::Redis => {
+            if let Some(m) = &r.max_keys {
+                return Err(at(m, wrong("max_keys", "memory")));
+            }
+            let Some(url) = &r.url else {
+                return Err(at(
+                    s,
+                    "a redis store needs a `url`, such as redis://127.0.0.1:6379/0",
+                ));
+            };
+            if !(url.value.starts_with("redis://") || url.value.starts_with("rediss://")) {
+                return Err(at(
+                    url,
+                    "the redis `url` must start with redis:// or rediss://",
+                ));
+            }
+            let timeout = match &r.timeout_ms {
+                Some(t) if t.value == 0 => return Err(at(t, "`timeout_ms` must be at least 1")),
+                Some(t) => Some(Duration::from_millis(t.value)),
+                None => None,
+            };
+            Ok(StoreConfig::Redis {
+                url: url.value.clone(),
+                timeout,
+            })
+        }
+    }
+}
+
+/// Where a limit's capacity was set, for errors about it.
+struct CapacitySource {
+    pos: Pos,
+    label: String,
+}
+
+impl CapacitySource {
+    fn given(field: &str, v: &Spanned<Num>) -> Self {
+        CapacitySource {
+            pos: Pos::from(v),
+            label: format!("`{field}`"),
+        }
+    }
+
+    fn defaulted(name: &str, rate: &Rate) -> Self {
+        CapacitySource {
+            pos: rate.pos,
+            label: format!("the {name} (by default the `{}`)", rate.field),
+        }
+    }
+}
+
+/// Builds the limit named `name`, shards applied.
+fn build(
+    name: &str,
+    kind: AlgorithmKind,
+    config: &Spanned<RawConfig>,
+) -> Result<(Limit, CapacitySource), Invalid> {
+    let c = &config.value;
+    let rate = rate(config)?;
+    let (algorithm, capacity) = match kind {
+        AlgorithmKind::TokenBucket => token_bucket(c, &rate)?,
+        AlgorithmKind::FixedWindow => fixed_window(c, &rate)?,
+    };
+    let mut limit = Limit::new(name, algorithm);
+    if let Some(s) = &c.shards {
+        limit = limit.with_shards(s.value).map_err(|e| at(s, e))?;
+    }
+    Ok((limit, capacity))
+}
+
+/// Tokens per period, from whichever of `rps`, `tokens_per_second`, `rate` is given.
+struct Rate {
+    tokens: f64,
+    period: Nanos,
+    pos: Pos,
+    field: &'static str,
+}
+
+fn rate(config: &Spanned<RawConfig>) -> Result<Rate, Invalid> {
+    let c = &config.value;
+    let given = one_of(
+        [
+            ("rps", &c.rps),
+            ("tokens_per_second", &c.tokens_per_second),
+            ("rate", &c.rate),
+        ],
+        "the rate",
+    )?;
+    let Some((field, value)) = given else {
+        return Err(at(
+            config,
+            "algorithm_config needs a rate: `rps`, `tokens_per_second`, \
+             or `rate` with an optional `period`",
+        ));
+    };
+    let tokens = positive(field, value)?;
+    let period = match &c.period {
+        None => Nanos(Nanos::PER_SEC),
+        Some(p) if field != "rate" => {
+            return Err(at(
+                p,
+                format!(
+                    "`period` cannot be combined with `{field}`, which is per second; \
+                     use `rate` with `period` instead"
+                ),
+            ));
+        }
+        Some(p) if p.value.0.0 <= 0 => return Err(at(p, "`period` must be positive")),
+        Some(p) => p.value.0,
+    };
+    Ok(Rate {
+        tokens,
+        period,
+        pos: Pos::from(value),
+        field,
+    })
+}
+
+fn token_bucket(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource), Invalid> {
+    if let Some(s) = &c.start {
+        return Err(at(
+            s,
+            "`start` aligns fixed windows; a token_bucket has no windows",
+        ));
+    }
+    // `capacity` is accepted as another name for the burst, as some people write it.
+    let burst = one_of(
+        [("burst", &c.burst), ("capacity", &c.capacity)],
+        "the burst",
+    )?;
+    let per_sec = rate.tokens / rate.period.as_secs_f64();
+    let mut tb = TokenBucket::new(per_sec, rate.tokens).map_err(|e| at(rate.pos, e))?;
+    let capacity = match burst {
+        Some((field, v)) => {
+            tb = tb
+                .with_burst(non_negative(field, v)?)
+                .map_err(|e| at(v, e))?;
+            CapacitySource::given(field, v)
+        }
+        None => CapacitySource::defaulted("burst", rate),
+    };
+    if let Some(m) = &c.max_reserved {
+        tb = tb
+            .with_max_reserved(non_negative("max_reserved", m)?)
+            .map_err(|e| at(m, e))?;
+    }
+    Ok((tb.into(), capacity))
+}
+
+fn fixed_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource), Invalid> {
+    if let Some(b) = &c.burst {
+        return Err(at(
+            b,
+            "a fixed_window has no `burst`; use `capacity` to let unused tokens roll over",
+        ));
+    }
+    let mut fw = FixedWindow::new(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
+    let mut capacity = CapacitySource::defaulted("capacity", rate);
+    if let Some(v) = &c.capacity {
+        fw = fw
+            .with_capacity(non_negative("capacity", v)?)
+            .map_err(|e| at(v, e))?;
+        capacity = CapacitySource::given("capacity", v);
+    }
+    if let Some(s) = &c.start {
+        if s.value.0.0 < 0 {
+            return Err(at(s, "`start` must not be negative"));
+        }
+        fw = fw.with_start(s.value.0);
+    }
+    if let Some(m) = &c.max_reserved {
+        fw = fw
+            .with_max_reserved(non_negative("max_reserved", m)?)
+            .map_err(|e| at(m, e))?;
+    }
+    Ok((fw.into(), capacity))
+}
+
+fn cost(c: &RawConfig) -> Result<Cost, Invalid> {
+    let source = match &c.cost_source {
+        Some(s) => CostSource::parse(&s.value).map_err(|m| at(s, m))?,
+        None => CostSource::Fixed,
+    };
+    let amount = |field, v: &Option<Spanned<Num>>| match v {
+        Some(v) => positive(field, v),
+        None => Ok(1.0),
+    };
+    Ok(Cost::new(
+        source,
+        amount("fixed_cost", &c.fixed_cost)?,
+        amount("default_cost", &c.default_cost)?,
+    ))
+}
+
+fn forbid_cost(c: &RawConfig) -> Result<(), Invalid> {
+    let fields = [
+        ("cost_source", c.cost_source.as_ref().map(Pos::from)),
+        ("fixed_cost", c.fixed_cost.as_ref().map(Pos::from)),
+        ("default_cost", c.default_cost.as_ref().map(Pos::from)),
+    ];
+    match fields.into_iter().find_map(|(f, pos)| Some((f, pos?))) {
+        Some((field, pos)) => Err(at(
+            pos,
+            format!("`{field}` applies to rules; a named limit is charged what each call asks"),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The one field of `fields` that is set, refusing two that set the same thing.
+fn one_of<'a, const N: usize>(
+    fields: [(&'static str, &'a Option<Spanned<Num>>); N],
+    what: &str,
+) -> Result<Option<(&'static str, &'a Spanned<Num>)>, Invalid> {
+    let mut given: Vec<_> = fields
+        .into_iter()
+        .filter_map(|(f, v)| Some((f, v.as_ref()?)))
+        .collect();
+    // Blame whichever of the two comes later in the file.
+    given.sort_by_key(|(_, v)| Pos::from(*v));
+    match given.as_slice() {
+        [] => Ok(None),
+        [one] => Ok(Some(*one)),
+        [(first, _), (second, v), ..] => Err(at(
+            *v,
+            format!("`{second}` and `{first}` both set {what}; give only one of them"),
+        )),
+    }
+}
+
+fn positive(field: &str, v: &Spanned<Num>) -> Result<f64, Invalid> {
+    let x = v.value.0;
+    if x.is_finite() && x > 0.0 {
+        Ok(x)
+    } else {
+        Err(at(
+            v,
+            format!("`{field}` must be a positive number, got {x}"),
+        ))
+    }
+}
+
+fn non_negative(field: &str, v: &Spanned<Num>) -> Result<f64, Invalid> {
+    let x = v.value.0;
+    if x.is_finite() && x >= 0.0 {
+        Ok(x)
+    } else {
+        Err(at(v, format!("`{field}` must be a number >= 0, got {x}")))
+    }
+}

@@ -1,0 +1,37 @@
+//! The Sluice policy file: parsing and validation with line/column errors,
+//! rule matching, limit-key extraction and cost sources.
+//!
+//! A policy names limits that applications call directly (`limits`) and
+//! request rules that the middleware, proxy and replay tool apply (`rules`).
+//! [`Policy::from_path`] loads one; [`Policy::matching`] says which rules apply
+//! to a request, under which key and at what cost.
+//!
+//! ```
+//! use sluice_policy::{Policy, RequestParts};
+//! let policy = Policy::from_str(r#"
+//! rules:
+//!   - name: per-ip
+//!     limit_keys: [ip:address]
+//!     match: {path_prefix: /api/}
+//!     algorithm: token_bucket
+//!     algorithm_config: {rps: 10, burst: 20}
+//! "#, "policy.yaml")?;
+//! let req = RequestParts::new("GET", "/api/items").with_ip([203, 0, 113, 9].into());
+//! let hits: Vec<_> = policy.matching(&req).collect();
+//! assert_eq!(hits[0].rule.limit().algorithm().capacity(), 20.0);
+//! # Ok::<(), sluice_policy::PolicyError>(())
+//! ```
+
+mod compile;
+mod error;
+mod keys;
+mod matching;
+mod policy;
+mod request;
+mod schema;
+
+pub use error::PolicyError;
+pub use keys::{Cost, CostSource, LimitKey, decode_key, encode_key};
+pub use matching::{Condition, RuleHit};
+pub use policy::{Mode, NamedLimit, OnStoreError, Policy, Rule, StoreConfig};
+pub use request::{Request, RequestParts};

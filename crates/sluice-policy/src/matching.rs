@@ -1,0 +1,149 @@
+//! Which rules apply to a request: `match` conditions, and [`Policy::matching`],
+//! which yields each applicable rule with the request's key and cost.
+
+use crate::keys::{header_name, query_name};
+use crate::policy::{Policy, Rule};
+use crate::request::Request;
+
+/// One entry of a rule's `match` map. Values must be equal exactly.
+///
+/// ```
+/// use sluice_policy::{Condition, RequestParts};
+/// let c = Condition::parse("path_prefix", "/api/".into()).unwrap();
+/// assert!(c.holds(&RequestParts::new("GET", "/api/items")));
+/// assert!(!c.holds(&RequestParts::new("GET", "/health")));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Condition {
+    /// `path`: the whole path.
+    Path(String),
+    /// `path_prefix`: the path starts with this string.
+    PathPrefix(String),
+    /// `method`: the method, case-sensitively.
+    Method(String),
+    /// `host`: the host.
+    Host(String),
+    /// `header:<name>`: a header (name lowercased) has this value.
+    Header(String, String),
+    /// `query:<name>`: a query parameter has this decoded value.
+    Query(String, String),
+}
+
+impl Condition {
+    /// Parses a `match` entry.
+    ///
+    /// ```
+    /// use sluice_policy::Condition;
+    /// assert_eq!(
+    ///     Condition::parse("header:X-Tier", "free".into()),
+    ///     Ok(Condition::Header("x-tier".into(), "free".into()))
+    /// );
+    /// assert!(Condition::parse("cookie:a", "b".into()).is_err());
+    /// ```
+    pub fn parse(key: &str, value: String) -> Result<Condition, String> {
+        match key.split_once(':') {
+            None => match key {
+                "path" => Ok(Condition::Path(value)),
+                "path_prefix" => Ok(Condition::PathPrefix(value)),
+                "method" => Ok(Condition::Method(value)),
+                "host" => Ok(Condition::Host(value)),
+                _ => Err(unknown(key)),
+            },
+            Some(("header", n)) => Ok(Condition::Header(header_name(n)?, value)),
+            Some(("query", n)) => Ok(Condition::Query(query_name(n)?, value)),
+            Some(("jwt" | "descriptor", _)) => {
+                Err(format!("match condition `{key}` is not supported yet"))
+            }
+            Some(_) => Err(unknown(key)),
+        }
+    }
+
+    /// Whether `req` satisfies the condition.
+    ///
+    /// ```
+    /// use sluice_policy::{Condition, RequestParts};
+    /// let c = Condition::Method("POST".into());
+    /// assert!(c.holds(&RequestParts::new("POST", "/")));
+    /// assert!(!c.holds(&RequestParts::new("post", "/")));
+    /// ```
+    pub fn holds<R: Request + ?Sized>(&self, req: &R) -> bool {
+        match self {
+            Condition::Path(p) => req.path() == p,
+            Condition::PathPrefix(p) => req.path().starts_with(p.as_str()),
+            Condition::Method(m) => req.method() == m,
+            Condition::Host(h) => req.host() == Some(h.as_str()),
+            Condition::Header(n, v) => req.header(n) == Some(v.as_str()),
+            Condition::Query(n, v) => req.query(n).is_some_and(|q| q == v.as_str()),
+        }
+    }
+}
+
+fn unknown(key: &str) -> String {
+    format!(
+        "unknown match condition `{key}`; expected path, path_prefix, method, host, \
+         header:<name> or query:<name>"
+    )
+}
+
+/// A rule that applies to a request, with the request's key and cost.
+///
+/// ```
+/// use sluice_policy::{Policy, RequestParts};
+/// let policy = Policy::from_str(
+///     "rules:\n  - name: per-ip\n    limit_keys: [ip:address]\n    \
+///      algorithm: token_bucket\n    algorithm_config: {rps: 10}\n",
+///     "policy.yaml",
+/// ).unwrap();
+/// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 7].into());
+/// let hit = policy.matching(&req).next().unwrap();
+/// assert_eq!((hit.rule.name(), hit.key.as_str(), hit.cost), ("per-ip", "9:192.0.2.7", 1.0));
+/// ```
+#[derive(Debug, Clone)]
+pub struct RuleHit<'p> {
+    /// The rule.
+    pub rule: &'p Rule,
+    /// The rule's position in [`Policy::rules`].
+    pub index: usize,
+    /// The store key within the rule's limit (see [`crate::encode_key`]).
+    pub key: String,
+    /// What the request costs under this rule.
+    pub cost: f64,
+}
+
+impl Policy {
+    /// Every rule whose conditions hold and whose key parts are all present in
+    /// `req`, in file order.
+    ///
+    /// ```
+    /// use sluice_policy::{Policy, RequestParts};
+    /// let policy = Policy::from_str(r#"
+    /// rules:
+    ///   - name: per-key
+    ///     limit_keys: ["header:x-api-key"]
+    ///     algorithm: token_bucket
+    ///     algorithm_config: {rps: 5}
+    /// "#, "policy.yaml").unwrap();
+    /// // Without the header the rule has no key, so it does not apply.
+    /// assert_eq!(policy.matching(&RequestParts::new("GET", "/")).count(), 0);
+    /// let req = RequestParts::new("GET", "/").with_header("X-Api-Key", "k1");
+    /// assert_eq!(policy.matching(&req).count(), 1);
+    /// ```
+    pub fn matching<'a, R: Request + ?Sized>(
+        &'a self,
+        req: &'a R,
+    ) -> impl Iterator<Item = RuleHit<'a>> + 'a {
+        self.rules()
+            .iter()
+            .enumerate()
+            .filter(|(_, rule)| rule.matches(req))
+            .filter_map(|(index, rule)| {
+                Some(RuleHit {
+                    rule,
+                    index,
+                    key: rule.key(req)?,
+                    cost: rule.cost().of(req),
+                })
+            })
+    }
+}

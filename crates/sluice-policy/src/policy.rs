@@ -1,0 +1,405 @@
+//! The compiled policy: validated named limits and request rules, ready to
+//! hand to a store, and the entry points that load a policy file.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+use sluice_core::Limit;
+
+use crate::error::{PolicyError, from_yaml};
+use crate::keys::{Cost, LimitKey, push_part};
+use crate::matching::Condition;
+use crate::request::Request;
+use crate::schema::RawPolicy;
+
+/// Whether a rule or limit denies requests or only reports what it would do.
+///
+/// ```
+/// use sluice_policy::Mode;
+/// assert_eq!(Mode::default(), Mode::Enforce);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Denials are enforced.
+    #[default]
+    Enforce,
+    /// Decisions are computed and reported, but requests always pass.
+    Shadow,
+}
+
+/// What to do with a request when the store fails or times out.
+///
+/// ```
+/// use sluice_policy::OnStoreError;
+/// assert_eq!(OnStoreError::default(), OnStoreError::Open);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnStoreError {
+    /// Let the request through.
+    #[default]
+    Open,
+    /// Deny the request.
+    Closed,
+}
+
+/// Where limit state lives (`store` in the policy file).
+///
+/// ```
+/// use sluice_policy::{Policy, StoreConfig};
+/// let p = Policy::from_str("store: {kind: memory, max_keys: 100000}", "p.yaml").unwrap();
+/// assert_eq!(p.store(), &StoreConfig::Memory { max_keys: Some(100_000) });
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum StoreConfig {
+    /// The in-process store.
+    Memory {
+        /// The most keys kept before evicting; `None` leaves it to the store.
+        max_keys: Option<usize>,
+    },
+    /// A Redis server (not used yet; parsed so that policies can name it).
+    Redis {
+        /// `redis://` or `rediss://` URL.
+        url: String,
+        /// Per-call timeout; `None` leaves it to the store.
+        timeout: Option<Duration>,
+    },
+}
+
+impl Default for StoreConfig {
+    /// The in-memory store with its default key cap.
+    fn default() -> Self {
+        StoreConfig::Memory { max_keys: None }
+    }
+}
+
+/// An entry of `limits`: a limit that applications call by name.
+///
+/// ```
+/// use sluice_policy::{Mode, Policy};
+/// let p = Policy::from_str(
+///     "limits:\n  sendMessage:\n    algorithm: token_bucket\n    \
+///      algorithm_config: {rate: 10, period: 60, burst: 20}\n",
+///     "p.yaml",
+/// ).unwrap();
+/// let named = &p.limits()[0];
+/// assert_eq!((named.name(), named.mode()), ("sendMessage", Mode::Enforce));
+/// assert_eq!(named.limit().algorithm().capacity(), 20.0);
+/// ```
+#[derive(Debug, Clone)]
+pub struct NamedLimit {
+    pub(crate) limit: Limit,
+    pub(crate) mode: Mode,
+}
+
+impl NamedLimit {
+    /// The limit's name, also its namespace in the store.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
+    /// assert_eq!(p.limits()[0].name(), "a");
+    /// ```
+    pub fn name(&self) -> &str {
+        self.limit.name()
+    }
+
+    /// The configured limit, shards applied.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 4, shards: 2}}}", "p").unwrap();
+    /// assert_eq!(p.limits()[0].limit().shards(), 2);
+    /// ```
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// Whether calls are enforced or only reported.
+    ///
+    /// ```
+    /// # use sluice_policy::{Mode, Policy};
+    /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}, mode: shadow}}", "p").unwrap();
+    /// assert_eq!(p.limits()[0].mode(), Mode::Shadow);
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+}
+
+/// A request rule: conditions, key parts, a limit and a cost.
+///
+/// ```
+/// use sluice_policy::{LimitKey, Mode, OnStoreError, Policy};
+/// let p = Policy::from_str(r#"
+/// on_store_error: closed
+/// rules:
+///   - name: per-ip
+///     limit_keys: [ip:address]
+///     match: {path_prefix: /api/}
+///     algorithm: token_bucket
+///     algorithm_config: {rps: 10, burst: 20}
+///     mode: shadow
+/// "#, "p.yaml").unwrap();
+/// let rule = &p.rules()[0];
+/// assert_eq!(rule.name(), "per-ip");
+/// assert_eq!(rule.limit().name(), "per-ip");
+/// assert_eq!(rule.limit_keys(), &[LimitKey::IpAddress]);
+/// assert_eq!((rule.mode(), rule.on_store_error()), (Mode::Shadow, OnStoreError::Closed));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Rule {
+    pub(crate) limit: Limit,
+    pub(crate) keys: Vec<LimitKey>,
+    pub(crate) conditions: Vec<Condition>,
+    pub(crate) cost: Cost,
+    pub(crate) mode: Mode,
+    pub(crate) on_store_error: OnStoreError,
+}
+
+impl Rule {
+    /// The rule's name, also its limit's name.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].name(), "r");
+    /// ```
+    pub fn name(&self) -> &str {
+        self.limit.name()
+    }
+
+    /// The rule's limit, named after the rule, shards applied.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 2}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].limit().algorithm().capacity(), 2.0);
+    /// ```
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// The key parts, in order; empty means one bucket shared by all requests.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert!(p.rules()[0].limit_keys().is_empty());
+    /// ```
+    pub fn limit_keys(&self) -> &[LimitKey] {
+        &self.keys
+    }
+
+    /// The `match` conditions, all of which must hold.
+    ///
+    /// ```
+    /// # use sluice_policy::{Condition, Policy};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], match: {method: GET}, algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].conditions(), &[Condition::Method("GET".into())]);
+    /// ```
+    pub fn conditions(&self) -> &[Condition] {
+        &self.conditions
+    }
+
+    /// How the rule prices a request.
+    ///
+    /// ```
+    /// # use sluice_policy::{CostSource, Policy};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 9, cost_source: 'query:n', default_cost: 2}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].cost().source(), &CostSource::Query("n".into()));
+    /// assert_eq!(p.rules()[0].cost().default_cost(), 2.0);
+    /// ```
+    pub fn cost(&self) -> &Cost {
+        &self.cost
+    }
+
+    /// Whether the rule enforces or only reports.
+    ///
+    /// ```
+    /// # use sluice_policy::{Mode, Policy};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].mode(), Mode::Enforce);
+    /// ```
+    pub fn mode(&self) -> Mode {
+        self.mode
+    }
+
+    /// What to do when the store fails: the rule's own setting, else the
+    /// policy's.
+    ///
+    /// ```
+    /// # use sluice_policy::{OnStoreError, Policy};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}, on_store_error: closed}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].on_store_error(), OnStoreError::Closed);
+    /// ```
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.on_store_error
+    }
+
+    /// Whether all of the rule's conditions hold for `req`.
+    ///
+    /// ```
+    /// # use sluice_policy::{Policy, RequestParts};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], match: {method: GET}, algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert!(p.rules()[0].matches(&RequestParts::new("GET", "/")));
+    /// assert!(!p.rules()[0].matches(&RequestParts::new("PUT", "/")));
+    /// ```
+    pub fn matches<R: Request + ?Sized>(&self, req: &R) -> bool {
+        self.conditions.iter().all(|c| c.holds(req))
+    }
+
+    /// The store key of `req` under this rule, or `None` when a part is
+    /// missing from the request.
+    ///
+    /// ```
+    /// # use sluice_policy::{Policy, RequestParts};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [method, path], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// let key = p.rules()[0].key(&RequestParts::new("GET", "/a"));
+    /// assert_eq!(key.as_deref(), Some("3:GET2:/a"));
+    /// ```
+    pub fn key<R: Request + ?Sized>(&self, req: &R) -> Option<String> {
+        let mut key = String::new();
+        for part in &self.keys {
+            push_part(&mut key, &part.extract(req)?);
+        }
+        Some(key)
+    }
+}
+
+/// A validated policy file.
+///
+/// ```
+/// use sluice_policy::Policy;
+/// let policy = Policy::from_str(r#"
+/// limits:
+///   llmTokens:
+///     algorithm: token_bucket
+///     algorithm_config: {tokens_per_second: 1000, burst: 40000, max_reserved: 100000}
+/// rules:
+///   - name: per-ip
+///     limit_keys: [ip:address]
+///     algorithm: fixed_window
+///     algorithm_config: {rate: 100, period: 1m}
+/// "#, "policy.yaml").unwrap();
+/// assert_eq!(policy.limit("llmTokens").unwrap().algorithm().max_cost(true), 140_000.0);
+/// assert_eq!(policy.rules().len(), 1);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Policy {
+    pub(crate) store: StoreConfig,
+    pub(crate) on_store_error: OnStoreError,
+    pub(crate) limits: Vec<NamedLimit>,
+    pub(crate) limit_index: HashMap<String, usize>,
+    pub(crate) rules: Vec<Rule>,
+}
+
+impl Policy {
+    /// Reads, parses and validates a policy file (YAML, or JSON).
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let err = Policy::from_path("/nonexistent/policy.yaml".as_ref()).unwrap_err();
+    /// assert!(err.to_string().starts_with("/nonexistent/policy.yaml: cannot read"));
+    /// ```
+    pub fn from_path(path: &Path) -> Result<Policy, PolicyError> {
+        let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
+            file: path.to_owned(),
+            line: 0,
+            column: 0,
+            message: format!("cannot read the policy file: {e}"),
+        })?;
+        Policy::from_str(&text, path)
+    }
+
+    /// Parses and validates policy text; `file` names it in errors.
+    ///
+    /// JSON is accepted as well as YAML: a JSON document is a YAML one.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str(r#"{"on_store_error": "closed"}"#, "p.json").unwrap();
+    /// assert!(p.rules().is_empty());
+    /// let err = Policy::from_str("rules:\n  - name: a\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: -1}\n", "p.yaml").unwrap_err();
+    /// assert_eq!(err.to_string(), "p.yaml:5:29: `rps` must be a positive number, got -1");
+    /// ```
+    pub fn from_str(text: &str, file: impl AsRef<Path>) -> Result<Policy, PolicyError> {
+        let file: PathBuf = file.as_ref().to_owned();
+        let options = serde_saphyr::options! {
+            with_snippet: false,
+            strict_booleans: true,
+        };
+        let raw: RawPolicy = serde_saphyr::from_str_with_options(text, options)
+            .map_err(|e| from_yaml(&e, file.clone()))?;
+        crate::compile::compile(raw).map_err(|e| e.into_error(file))
+    }
+
+    /// The `store` section, or the in-memory default.
+    ///
+    /// ```
+    /// use sluice_policy::{Policy, StoreConfig};
+    /// assert_eq!(Policy::from_str("", "p").unwrap().store(), &StoreConfig::default());
+    /// ```
+    pub fn store(&self) -> &StoreConfig {
+        &self.store
+    }
+
+    /// The policy-wide `on_store_error` (rules may override it).
+    ///
+    /// ```
+    /// use sluice_policy::{OnStoreError, Policy};
+    /// assert_eq!(Policy::from_str("", "p").unwrap().on_store_error(), OnStoreError::Open);
+    /// ```
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.on_store_error
+    }
+
+    /// The named limits, in file order.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str("limits: {b: {algorithm: token_bucket, algorithm_config: {rps: 1}}, \
+    ///                           a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
+    /// let names: Vec<_> = p.limits().iter().map(|l| l.name()).collect();
+    /// assert_eq!(names, ["b", "a"]);
+    /// ```
+    pub fn limits(&self) -> &[NamedLimit] {
+        &self.limits
+    }
+
+    /// The named limit called `name`.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
+    /// assert!(p.named_limit("a").is_some() && p.named_limit("b").is_none());
+    /// ```
+    pub fn named_limit(&self, name: &str) -> Option<&NamedLimit> {
+        self.limit_index.get(name).and_then(|&i| self.limits.get(i))
+    }
+
+    /// The configured [`Limit`] of the named limit called `name`.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str("limits: {a: {algorithm: fixed_window, algorithm_config: {rate: 5, period: 1h}}}", "p").unwrap();
+    /// assert_eq!(p.limit("a").unwrap().algorithm().capacity(), 5.0);
+    /// ```
+    pub fn limit(&self, name: &str) -> Option<&Limit> {
+        self.named_limit(name).map(NamedLimit::limit)
+    }
+
+    /// The request rules, in file order.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// assert!(Policy::from_str("rules: []", "p").unwrap().rules().is_empty());
+    /// ```
+    pub fn rules(&self) -> &[Rule] {
+        &self.rules
+    }
+}

@@ -1,0 +1,181 @@
+//! The policy file as written: serde types that mirror the YAML/JSON, with
+//! every value that later validation may reject wrapped in [`Spanned`] so that
+//! the error can point at it.
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use serde::Deserialize;
+use serde::de::{self, MapAccess, Visitor};
+use serde_saphyr::Spanned;
+use sluice_core::Nanos;
+
+use crate::policy::{Mode, OnStoreError};
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawPolicy {
+    pub(crate) store: Option<Spanned<RawStore>>,
+    pub(crate) on_store_error: Option<OnStoreError>,
+    pub(crate) limits: Option<Entries<RawLimit>>,
+    pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum StoreKind {
+    Memory,
+    Redis,
+}
+
+// One flat struct rather than an internally tagged enum: serde buffers tagged
+// enums, and buffering loses the positions of the values inside.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawStore {
+    pub(crate) kind: StoreKind,
+    pub(crate) max_keys: Option<Spanned<u64>>,
+    pub(crate) url: Option<Spanned<String>>,
+    pub(crate) timeout_ms: Option<Spanned<u64>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum AlgorithmKind {
+    TokenBucket,
+    FixedWindow,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawLimit {
+    pub(crate) algorithm: AlgorithmKind,
+    pub(crate) algorithm_config: Spanned<RawConfig>,
+    pub(crate) mode: Option<Mode>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawRule {
+    pub(crate) name: Spanned<String>,
+    pub(crate) limit_keys: Vec<Spanned<String>>,
+    #[serde(rename = "match")]
+    pub(crate) conditions: Option<Entries<String>>,
+    pub(crate) algorithm: AlgorithmKind,
+    pub(crate) algorithm_config: Spanned<RawConfig>,
+    pub(crate) mode: Option<Mode>,
+    pub(crate) on_store_error: Option<OnStoreError>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawConfig {
+    pub(crate) rps: Option<Spanned<Num>>,
+    pub(crate) tokens_per_second: Option<Spanned<Num>>,
+    pub(crate) rate: Option<Spanned<Num>>,
+    pub(crate) period: Option<Spanned<Secs>>,
+    pub(crate) burst: Option<Spanned<Num>>,
+    pub(crate) capacity: Option<Spanned<Num>>,
+    pub(crate) start: Option<Spanned<Secs>>,
+    pub(crate) max_reserved: Option<Spanned<Num>>,
+    pub(crate) shards: Option<Spanned<u32>>,
+    pub(crate) cost_source: Option<Spanned<String>>,
+    pub(crate) fixed_cost: Option<Spanned<Num>>,
+    pub(crate) default_cost: Option<Spanned<Num>>,
+}
+
+/// A mapping kept in file order, keys with their positions.
+///
+/// Duplicate keys never reach this type: the parser rejects them with a
+/// position, which is the error we want for duplicate limit names.
+#[derive(Debug)]
+pub(crate) struct Entries<V>(pub(crate) Vec<(Spanned<String>, Spanned<V>)>);
+
+impl<'de, V: Deserialize<'de>> Deserialize<'de> for Entries<V> {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct EntriesVisitor<V>(PhantomData<V>);
+        impl<'de, V: Deserialize<'de>> Visitor<'de> for EntriesVisitor<V> {
+            type Value = Entries<V>;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a mapping")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Entries<V>, A::Error> {
+                let mut out = Vec::new();
+                while let Some(entry) = map.next_entry()? {
+                    out.push(entry);
+                }
+                Ok(Entries(out))
+            }
+        }
+        d.deserialize_map(EntriesVisitor(PhantomData))
+    }
+}
+
+/// A number written as a YAML/JSON number (quoted strings are rejected so that
+/// `rate: "fast"` gets a clear message rather than a parse failure).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Num(pub(crate) f64);
+
+impl<'de> Deserialize<'de> for Num {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct NumVisitor;
+        impl Visitor<'_> for NumVisitor {
+            type Value = Num;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a number")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Num, E> {
+                Ok(Num(v))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Num, E> {
+                Ok(Num(v as f64))
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Num, E> {
+                Err(E::custom(format_args!("expected a number, got {v:?}")))
+            }
+        }
+        d.deserialize_any(NumVisitor)
+    }
+}
+
+/// A span of time: seconds as a number, or a duration string such as `500ms`.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Secs(pub(crate) Nanos);
+
+impl<'de> Deserialize<'de> for Secs {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct SecsVisitor;
+        impl Visitor<'_> for SecsVisitor {
+            type Value = Secs;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("seconds as a number, or a duration such as 500ms, 1s, 1m, 1h or 1d")
+            }
+            fn visit_f64<E: de::Error>(self, v: f64) -> Result<Secs, E> {
+                Nanos::from_secs_f64(v)
+                    .map(Secs)
+                    .ok_or_else(|| E::custom(format_args!("duration {v} s is out of range")))
+            }
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<Secs, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<Secs, E> {
+                self.visit_f64(v as f64)
+            }
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<Secs, E> {
+                let d = humantime::parse_duration(v.trim()).map_err(|e| {
+                    E::custom(format_args!(
+                        "invalid duration {v:?} ({e}); write seconds as a number, \
+                         or a duration such as 500ms, 1s, 1m, 1h or 1d"
+                    ))
+                })?;
+                i64::try_from(d.as_nanos())
+                    .map(|n| Secs(Nanos(n)))
+                    .map_err(|_| E::custom(format_args!("duration {v:?} is out of range")))
+            }
+        }
+        d.deserialize_any(SecsVisitor)
+    }
+}

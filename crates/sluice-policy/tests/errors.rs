@@ -1,0 +1,395 @@
+//! Every rejected policy names the line and column of the value at fault.
+
+// Helpers shared by the tests are not `#[test]` functions, so clippy's
+// allow-*-in-tests settings do not reach them.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use sluice_policy::{Policy, PolicyError};
+
+fn err(text: &str) -> PolicyError {
+    match Policy::from_str(text, "policy.yaml") {
+        Ok(_) => panic!("policy should have been rejected:\n{text}"),
+        Err(e) => e,
+    }
+}
+
+/// Asserts the position and that the message contains `needle`.
+#[track_caller]
+fn assert_err(text: &str, line: usize, column: usize, needle: &str) {
+    let e = err(text);
+    assert_eq!((e.line, e.column), (line, column), "{e}");
+    assert!(
+        e.message.contains(needle),
+        "{e:?} should mention {needle:?}"
+    );
+    assert_eq!(
+        e.to_string(),
+        format!("policy.yaml:{line}:{column}: {}", e.message)
+    );
+}
+
+/// A one-rule policy whose `algorithm_config` block is `config` (6-space indented lines).
+fn rule(algorithm: &str, config: &str) -> String {
+    format!(
+        "rules:\n  - name: r\n    limit_keys: [ip:address]\n    algorithm: {algorithm}\n    \
+         algorithm_config:\n{config}"
+    )
+}
+
+#[test]
+fn malformed_yaml() {
+    assert_err(
+        "rules:\n  - name: r\n    limit_keys: [ip:address\n",
+        3,
+        17,
+        "unclosed bracket",
+    );
+    assert_err("rules: [\n  {name: r,\n", 2, 3, "unclosed bracket '{'");
+}
+
+#[test]
+fn wrong_type() {
+    let text = rule("token_bucket", "      rate: fast\n");
+    assert_err(&text, 6, 13, r#"expected a number, got "fast""#);
+    assert_err(
+        "rules:\n  - name: r\n    limit_keys: ip:address\n",
+        3,
+        17,
+        "expected sequence start",
+    );
+}
+
+#[test]
+fn negative_or_zero_rate() {
+    let text = rule("token_bucket", "      rate: -5\n");
+    assert_err(&text, 6, 13, "`rate` must be a positive number, got -5");
+    let text = rule("fixed_window", "      rps: 0\n");
+    assert_err(&text, 6, 12, "`rps` must be a positive number, got 0");
+    let text = rule("token_bucket", "      rate: 1\n      period: -1\n");
+    assert_err(&text, 7, 15, "`period` must be positive");
+    let text = rule("token_bucket", "      rate: 1\n      period: 0s\n");
+    assert_err(&text, 7, 15, "`period` must be positive");
+}
+
+#[test]
+fn non_finite_numbers_are_rejected() {
+    let text = rule("token_bucket", "      rps: .inf\n");
+    assert_err(&text, 6, 12, "non-finite");
+    let text = rule("token_bucket", "      rps: 1\n      burst: .nan\n");
+    assert_err(&text, 7, 14, "non-finite");
+}
+
+#[test]
+fn unknown_top_level_field() {
+    assert_err(
+        "store: {kind: memory}\nrulez: []\n",
+        2,
+        1,
+        "unknown field `rulez`",
+    );
+}
+
+#[test]
+fn unknown_field_in_algorithm_config() {
+    let text = rule("token_bucket", "      rps: 5\n      burts: 10\n");
+    assert_err(&text, 7, 7, "unknown field `burts`");
+}
+
+#[test]
+fn unknown_field_in_rule_and_limit() {
+    assert_err(
+        "rules:\n  - name: r\n    limit_key: []\n",
+        3,
+        5,
+        "unknown field `limit_key`",
+    );
+    assert_err(
+        "limits:\n  a:\n    algorithm: token_bucket\n    limit_keys: []\n",
+        4,
+        5,
+        "unknown field `limit_keys`",
+    );
+}
+
+/// A complete one-rule policy whose rule ends with `rest` (4-space indented lines).
+fn rule_with(rest: &str) -> String {
+    format!(
+        "rules:\n  - name: r\n    algorithm: token_bucket\n    algorithm_config: {{rps: 1}}\n\
+         {rest}"
+    )
+}
+
+#[test]
+fn unknown_limit_key_kind() {
+    let text = rule_with("    limit_keys:\n      - ip:address\n      - cookie:session\n");
+    assert_err(&text, 7, 9, "unknown limit key `cookie:session`");
+    let text = rule_with("    limit_keys: [ip:address, 'jwt:sub']\n");
+    assert_err(&text, 5, 30, "limit key `jwt:sub` is not supported yet");
+    let text = rule_with("    limit_keys: [descriptor:remote_address]\n");
+    assert_err(&text, 5, 18, "not supported yet");
+    let text = rule_with("    limit_keys: [ip:port]\n");
+    assert_err(&text, 5, 18, "unknown limit key `ip:port`");
+    let text = rule_with("    limit_keys: ['header:']\n");
+    assert_err(&text, 5, 18, "header name is missing");
+    let text = rule_with("    limit_keys: ['header:x api']\n");
+    assert_err(&text, 5, 18, "not a valid header name");
+}
+
+#[test]
+fn unknown_match_condition() {
+    let text = rule_with("    limit_keys: []\n    match:\n      path: /a\n      cookie:x: y\n");
+    assert_err(&text, 8, 7, "unknown match condition `cookie:x`");
+    let text = rule_with("    limit_keys: []\n    match: {jwt:sub: x}\n");
+    assert_err(
+        &text,
+        6,
+        13,
+        "match condition `jwt:sub` is not supported yet",
+    );
+}
+
+#[test]
+fn missing_required_field() {
+    // The parser places it at the end of the rule's mapping.
+    assert_err(
+        "rules:\n  - name: r\n    limit_keys: []\n",
+        3,
+        5,
+        "missing field `algorithm`",
+    );
+}
+
+#[test]
+fn duplicate_rule_name() {
+    let one = "    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: 1}\n";
+    let text = format!("rules:\n  - name: same\n{one}  - name: other\n{one}  - name: same\n{one}");
+    assert_err(
+        &text,
+        10,
+        11,
+        "duplicate rule name `same`; it is first used at line 2, column 11",
+    );
+}
+
+#[test]
+fn duplicate_limit_name() {
+    let text = "limits:\n  a: {algorithm: token_bucket, algorithm_config: {rps: 1}}\n  \
+                a: {algorithm: token_bucket, algorithm_config: {rps: 2}}\n";
+    assert_err(text, 3, 3, "duplicate mapping key");
+}
+
+#[test]
+fn rule_and_limit_names_share_a_namespace() {
+    let text = "limits:\n  a: {algorithm: token_bucket, algorithm_config: {rps: 1}}\nrules:\n  \
+                - {name: a, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}\n";
+    assert_err(
+        text,
+        4,
+        12,
+        "rule name `a` is already the name of a limit at line 2, column 3",
+    );
+}
+
+#[test]
+fn empty_rule_name() {
+    let text = "rules:\n  - {name: '', limit_keys: [], algorithm: token_bucket, \
+                algorithm_config: {rps: 1}}\n";
+    assert_err(text, 2, 12, "must not be empty");
+}
+
+#[test]
+fn burst_smaller_than_fixed_cost() {
+    let text = rule(
+        "token_bucket",
+        "      rps: 5\n      burst: 1\n      fixed_cost: 2\n",
+    );
+    assert_err(
+        &text,
+        7,
+        14,
+        "`burst` 1 is less than the rule's fixed_cost 2: no request could ever pass",
+    );
+    // With a header cost the baseline is default_cost.
+    let text = rule(
+        "token_bucket",
+        "      rps: 5\n      burst: 3\n      cost_source: header:x-cost\n      default_cost: 4\n",
+    );
+    assert_err(&text, 7, 14, "less than the rule's default_cost 4");
+    // The default burst is the rate, so the rate is to blame.
+    let text = rule("token_bucket", "      rps: 0.5\n");
+    assert_err(
+        &text,
+        6,
+        12,
+        "the burst (by default the `rps`) 0.5 is less than",
+    );
+    let text = rule("fixed_window", "      rate: 10\n      capacity: 0\n");
+    assert_err(
+        &text,
+        7,
+        17,
+        "`capacity` 0 is less than the rule's fixed_cost 1",
+    );
+}
+
+#[test]
+fn shards_that_leave_too_little_per_shard() {
+    let text = rule(
+        "token_bucket",
+        "      rps: 8\n      burst: 4\n      shards: 8\n",
+    );
+    assert_err(
+        &text,
+        7,
+        14,
+        "`burst` 4 split over 8 shards leaves 0.5 per shard",
+    );
+    let text = rule("token_bucket", "      rps: 8\n      shards: 0\n");
+    assert_err(&text, 7, 15, "shards must be at least 1");
+}
+
+#[test]
+fn period_with_rps() {
+    let text = rule("token_bucket", "      rps: 5\n      period: 60\n");
+    assert_err(&text, 7, 15, "`period` cannot be combined with `rps`");
+    let text = rule(
+        "fixed_window",
+        "      tokens_per_second: 5\n      period: 1m\n",
+    );
+    assert_err(
+        &text,
+        7,
+        15,
+        "`period` cannot be combined with `tokens_per_second`",
+    );
+}
+
+#[test]
+fn two_ways_of_giving_the_rate() {
+    let text = rule("token_bucket", "      rps: 5\n      rate: 5\n");
+    assert_err(
+        &text,
+        7,
+        13,
+        "`rate` and `rps` both set the rate; give only one of them",
+    );
+    let text = rule("token_bucket", "      {tokens_per_second: 5, rps: 5}\n");
+    assert_err(
+        &text,
+        6,
+        35,
+        "`rps` and `tokens_per_second` both set the rate",
+    );
+    let text = rule("token_bucket", "      burst: 5\n");
+    assert_err(&text, 6, 7, "algorithm_config needs a rate");
+}
+
+#[test]
+fn burst_and_capacity_conflicts() {
+    let text = rule(
+        "token_bucket",
+        "      rps: 5\n      burst: 5\n      capacity: 6\n",
+    );
+    assert_err(&text, 8, 17, "`capacity` and `burst` both set the burst");
+    let text = rule("fixed_window", "      rps: 5\n      burst: 5\n");
+    assert_err(
+        &text,
+        7,
+        14,
+        "a fixed_window has no `burst`; use `capacity`",
+    );
+    let text = rule("token_bucket", "      rps: 5\n      start: 0\n");
+    assert_err(&text, 7, 14, "`start` aligns fixed windows");
+    let text = rule("fixed_window", "      rps: 5\n      start: -1\n");
+    assert_err(&text, 7, 14, "`start` must not be negative");
+}
+
+#[test]
+fn bad_duration_string() {
+    let text = rule("fixed_window", "      rate: 5\n      period: 5 parsecs\n");
+    assert_err(&text, 7, 15, r#"invalid duration "5 parsecs""#);
+    let text = rule("fixed_window", "      rate: 5\n      period: \"\"\n");
+    assert_err(&text, 7, 15, "invalid duration");
+}
+
+#[test]
+fn bad_costs() {
+    let text = rule("token_bucket", "      rps: 5\n      fixed_cost: 0\n");
+    assert_err(
+        &text,
+        7,
+        19,
+        "`fixed_cost` must be a positive number, got 0",
+    );
+    let text = rule("token_bucket", "      rps: 5\n      default_cost: -2\n");
+    assert_err(
+        &text,
+        7,
+        21,
+        "`default_cost` must be a positive number, got -2",
+    );
+    let text = rule(
+        "token_bucket",
+        "      rps: 5\n      cost_source: body:tokens\n",
+    );
+    assert_err(&text, 7, 20, "unknown cost_source `body:tokens`");
+    let text = "limits:\n  a:\n    algorithm: token_bucket\n    algorithm_config:\n      \
+                rps: 5\n      cost_source: header:x-cost\n";
+    assert_err(text, 6, 20, "`cost_source` applies to rules");
+}
+
+#[test]
+fn named_limit_that_never_admits() {
+    let text = "limits:\n  a:\n    algorithm: token_bucket\n    algorithm_config:\n      \
+                rps: 5\n      burst: 0\n      max_reserved: 0\n";
+    assert_err(text, 7, 21, "can never admit anything");
+    let text = "limits:\n  a:\n    algorithm: token_bucket\n    algorithm_config:\n      \
+                rps: 5\n      max_reserved: -1\n";
+    assert_err(text, 6, 21, "`max_reserved` must be a number >= 0, got -1");
+}
+
+#[test]
+fn bad_enum_values() {
+    let text = rule("leaky_bucket", "      rps: 5\n");
+    assert_err(&text, 4, 16, "unknown variant `leaky_bucket`");
+    let text = "rules:\n  - name: r\n    mode: dry-run\n";
+    assert_err(text, 3, 11, "unknown variant `dry-run`");
+}
+
+#[test]
+fn bad_store() {
+    assert_err("store: {kind: disk}\n", 1, 15, "unknown variant `disk`");
+    assert_err(
+        "store:\n  kind: redis\n",
+        2,
+        3,
+        "a redis store needs a `url`",
+    );
+    assert_err(
+        "store: {kind: redis, url: 'http://x'}\n",
+        1,
+        27,
+        "must start with redis://",
+    );
+    assert_err(
+        "store: {kind: memory, url: 'redis://x'}\n",
+        1,
+        28,
+        "`url` applies to the redis store only",
+    );
+    assert_err("store: {kind: memory, max_keys: 0}\n", 1, 33, "at least 1");
+    assert_err("store: {kind: memory, max_keys: -3}\n", 1, 33, "invalid");
+}
+
+#[test]
+fn json_errors_have_positions() {
+    let text = "{\n  \"rules\": [\n    {\"name\": \"r\", \"limit_keys\": [],\n     \
+                \"algorithm\": \"token_bucket\",\n     \"algorithm_config\": {\"rps\": -3}}\n  ]\n}\n";
+    assert_err(text, 5, 34, "`rps` must be a positive number, got -3");
+    let text = "{\n  \"rules\": [],\n  \"limitz\": {}\n}\n";
+    assert_err(text, 3, 3, "unknown field `limitz`");
+    let text = "{\"rules\": [\n  {\"name\": \"r\", \"limit_keys\": [\"jwt:sub\"], \
+                \"algorithm\": \"fixed_window\", \"algorithm_config\": {\"rps\": 1}}\n]}\n";
+    assert_err(text, 2, 32, "not supported yet");
+    assert_err("{\"rules\": [}\n", 1, 11, "mismatched bracket");
+}

@@ -1,0 +1,140 @@
+//! Replay input: one JSON event per line, either a request or a call to a
+//! named limit.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+
+use anyhow::{Context, bail};
+use serde::Deserialize;
+use sluice_policy::RequestParts;
+
+/// The fields of both kinds of event; which ones are present says which
+/// kind it is.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawEvent {
+    // Kept as written so that the output echoes `t` exactly.
+    t: serde_json::Number,
+    ip: Option<String>,
+    method: Option<String>,
+    path: Option<String>,
+    host: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    query: Option<String>,
+    limit: Option<String>,
+    key: Option<String>,
+    count: Option<f64>,
+    reserve: Option<bool>,
+}
+
+/// One replayed event.
+#[derive(Debug)]
+pub(crate) enum Event {
+    /// A request, evaluated against the policy's rules.
+    Request(RequestParts),
+    /// A call to a named limit, as the decision API or the library makes.
+    Call {
+        limit: String,
+        key: String,
+        count: f64,
+        reserve: bool,
+    },
+}
+
+/// Parses one line; errors say what is wrong, and the caller adds where.
+pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
+    let raw: RawEvent = serde_json::from_str(line)?;
+    if !raw.t.as_f64().is_some_and(f64::is_finite) {
+        bail!("`t` must be a finite number of seconds");
+    }
+    let event = match raw.limit {
+        Some(limit) => {
+            let request_fields = [
+                raw.ip.is_some(),
+                raw.method.is_some(),
+                raw.path.is_some(),
+                raw.host.is_some(),
+                !raw.headers.is_empty(),
+                raw.query.is_some(),
+            ];
+            if request_fields.into_iter().any(|present| present) {
+                bail!(
+                    "an event is either a request (ip, method, path, host, headers, query) \
+                     or a named-limit call (limit, key, count, reserve), not both"
+                );
+            }
+            Event::Call {
+                limit,
+                key: raw.key.unwrap_or_default(),
+                count: raw.count.unwrap_or(1.0),
+                reserve: raw.reserve.unwrap_or(false),
+            }
+        }
+        None => {
+            if raw.key.is_some() || raw.count.is_some() || raw.reserve.is_some() {
+                bail!(
+                    "`key`, `count` and `reserve` belong to named-limit calls, which need `limit`"
+                );
+            }
+            let ip = raw
+                .ip
+                .map(|ip| {
+                    ip.parse::<IpAddr>()
+                        .with_context(|| format!("bad `ip` {ip:?}"))
+                })
+                .transpose()?;
+            Event::Request(RequestParts {
+                ip,
+                method: raw.method.unwrap_or_else(|| "GET".to_owned()),
+                path: raw.path.unwrap_or_else(|| "/".to_owned()),
+                host: raw.host,
+                headers: raw.headers.into_iter().collect(),
+                query: raw.query.unwrap_or_default(),
+            })
+        }
+    };
+    Ok((raw.t, event))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn requests_and_calls_are_told_apart() {
+        let (t, e) = parse(r#"{"t": 0.5, "ip": "::1", "headers": {"X-A": "1"}}"#).unwrap();
+        assert_eq!(t.as_f64(), Some(0.5));
+        let Event::Request(req) = e else {
+            panic!("request expected")
+        };
+        assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", "/"));
+        assert_eq!(req.headers, vec![("X-A".to_owned(), "1".to_owned())]);
+        let (_, e) = parse(r#"{"t": 1, "limit": "l", "key": "u", "count": 2.5}"#).unwrap();
+        assert!(matches!(
+            e,
+            Event::Call {
+                count: 2.5,
+                reserve: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn bad_events_say_why() {
+        let cases = [
+            (r#"{"t": "soon"}"#, "invalid type"),
+            (r#"{"t": 1, "ip": "300.1.1.1"}"#, "bad `ip`"),
+            (r#"{"t": 1, "limit": "l", "path": "/"}"#, "not both"),
+            (r#"{"t": 1, "count": 2}"#, "need `limit`"),
+            (r#"{"t": 1, "heders": {}}"#, "unknown field `heders`"),
+            (r#"{"ip": "::1"}"#, "missing field `t`"),
+            ("{", "EOF"),
+        ];
+        for (line, want) in cases {
+            let err = format!("{:#}", parse(line).unwrap_err());
+            assert!(err.contains(want), "{line}: {err}");
+        }
+    }
+}

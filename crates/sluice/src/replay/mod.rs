@@ -1,0 +1,142 @@
+//! `sluice replay`: events in, one decision per event out, in virtual time.
+//!
+//! Time comes from each event's `t`, so a day of traffic replays in as long
+//! as it takes to compute the decisions.
+
+mod engine;
+mod event;
+mod summary;
+
+use std::fs::File;
+use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use sluice_policy::Policy;
+
+use crate::cli::ReplayArgs;
+use engine::Engine;
+use event::Event;
+
+/// How often, at most, a progress line is printed.
+const PROGRESS_EVERY: Duration = Duration::from_secs(2);
+
+pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
+    let policy = Policy::from_path(&args.policy)?;
+    let events_name = args.events.display().to_string();
+    let input: Box<dyn BufRead> = if args.events.as_os_str() == "-" {
+        Box::new(std::io::stdin().lock())
+    } else {
+        let file = File::open(&args.events)
+            .with_context(|| format!("{events_name}: cannot open the events file"))?;
+        Box::new(BufReader::with_capacity(1 << 16, file))
+    };
+    let output: Box<dyn Write> = match &args.output {
+        Some(path) => Box::new(
+            File::create(path).with_context(|| format!("{}: cannot create", path.display()))?,
+        ),
+        None => Box::new(std::io::stdout().lock()),
+    };
+    let mut out = BufWriter::with_capacity(1 << 16, output);
+    let mut engine = Engine::new(policy, args.seed);
+    let progress = (!args.quiet).then(Progress::new);
+    replay(input, &mut out, &mut engine, &events_name, progress)?;
+    if args.summary {
+        engine
+            .summary
+            .write(&mut out, &mut std::io::stderr().lock())?;
+    }
+    out.flush()?;
+    Ok(())
+}
+
+fn replay(
+    input: impl BufRead,
+    out: &mut impl Write,
+    engine: &mut Engine,
+    events_name: &str,
+    mut progress: Option<Progress>,
+) -> anyhow::Result<()> {
+    let mut last_t = f64::NEG_INFINITY;
+    let mut count = 0u64;
+    for (i, line) in input.lines().enumerate() {
+        let n = i + 1;
+        let line = line.with_context(|| format!("{events_name}:{n}: cannot read"))?;
+        if line.trim().is_empty() {
+            continue;
+        }
+        let (t_raw, event) =
+            event::parse(&line).with_context(|| format!("{events_name}:{n}: bad event"))?;
+        let t = t_raw.as_f64().unwrap_or(f64::NAN);
+        if t < last_t {
+            anyhow::bail!(
+                "{events_name}:{n}: events out of time order: t = {t} comes after t = {last_t}"
+            );
+        }
+        last_t = t;
+        engine
+            .set_time(t)
+            .with_context(|| format!("{events_name}:{n}"))?;
+        match &event {
+            Event::Request(req) => serde_json::to_writer(&mut *out, &engine.request(&t_raw, req))?,
+            Event::Call {
+                limit,
+                key,
+                count,
+                reserve,
+            } => {
+                let line = engine
+                    .call(&t_raw, limit, key, *count, *reserve)
+                    .with_context(|| format!("{events_name}:{n}"))?;
+                serde_json::to_writer(&mut *out, &line)?;
+            }
+        }
+        out.write_all(b"\n")?;
+        count += 1;
+        if let Some(p) = progress.as_mut() {
+            p.tick(count, t);
+        }
+    }
+    if let Some(p) = progress.as_mut() {
+        p.done(count, last_t);
+    }
+    Ok(())
+}
+
+/// Progress lines on standard error, at most one every [`PROGRESS_EVERY`].
+struct Progress {
+    started: Instant,
+    last: Instant,
+}
+
+impl Progress {
+    fn new() -> Self {
+        let now = Instant::now();
+        Progress {
+            started: now,
+            last: now,
+        }
+    }
+
+    fn tick(&mut self, count: u64, t: f64) {
+        // Reading the clock every event would cost more than deciding it.
+        if count.is_multiple_of(4096) && self.last.elapsed() >= PROGRESS_EVERY {
+            self.last = Instant::now();
+            self.report("replaying", count, t);
+        }
+    }
+
+    fn done(&self, count: u64, t: f64) {
+        if self.started.elapsed() >= PROGRESS_EVERY {
+            self.report("replayed", count, t);
+        }
+    }
+
+    fn report(&self, what: &str, count: u64, t: f64) {
+        let secs = self.started.elapsed().as_secs_f64().max(1e-9);
+        eprintln!(
+            "{what}: {count} events, virtual t = {t:.3} s, {:.0} events/s",
+            count as f64 / secs
+        );
+    }
+}

@@ -1,0 +1,215 @@
+//! Per-rule totals of a replay: how often each rule applied, allowed and
+//! denied, and which keys it denied most.
+
+use std::collections::HashMap;
+use std::io::Write;
+
+use serde::Serialize;
+use sluice_core::Outcome;
+use sluice_policy::{Mode, Policy, RuleHit, decode_key};
+
+const TOP_KEYS: usize = 5;
+
+#[derive(Debug, Default, Serialize)]
+struct RuleTotals {
+    name: String,
+    mode: &'static str,
+    /// Events the rule applied to.
+    hits: u64,
+    /// Events it allowed (for enforce rules, as part of an allowed transaction).
+    allowed: u64,
+    /// Events it denied (shadow rules: would have denied).
+    denied: u64,
+    /// Events it allowed but another rule of the same transaction denied.
+    rolled_back: u64,
+    /// Events whose cost it could never admit.
+    refused: u64,
+    /// Cost admitted.
+    admitted_cost: f64,
+    #[serde(skip)]
+    denied_keys: HashMap<String, u64>,
+    /// The keys denied most often, most first.
+    top_denied_keys: Vec<(String, u64)>,
+}
+
+impl RuleTotals {
+    fn new(name: &str, mode: Mode) -> Self {
+        RuleTotals {
+            name: name.to_owned(),
+            mode: match mode {
+                Mode::Enforce => "enforce",
+                Mode::Shadow => "shadow",
+            },
+            ..RuleTotals::default()
+        }
+    }
+
+    fn record(&mut self, key: &str, allowed: bool, denied: bool, cost: f64) {
+        self.hits += 1;
+        if allowed {
+            self.allowed += 1;
+            self.admitted_cost += cost;
+        } else if denied {
+            self.denied += 1;
+            *self.denied_keys.entry(key.to_owned()).or_default() += 1;
+        } else {
+            self.rolled_back += 1;
+        }
+    }
+}
+
+/// Totals for every rule and named limit of a policy.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct Summary {
+    events: u64,
+    allowed: u64,
+    denied: u64,
+    unmatched: u64,
+    rules: Vec<RuleTotals>,
+    limits: Vec<RuleTotals>,
+    #[serde(skip)]
+    rule_index: HashMap<String, usize>,
+    #[serde(skip)]
+    limit_index: HashMap<String, usize>,
+}
+
+impl Summary {
+    pub(crate) fn new(policy: &Policy) -> Summary {
+        let rules: Vec<_> = policy
+            .rules()
+            .iter()
+            .map(|r| RuleTotals::new(r.name(), r.mode()))
+            .collect();
+        let limits: Vec<_> = policy
+            .limits()
+            .iter()
+            .map(|l| RuleTotals::new(l.name(), l.mode()))
+            .collect();
+        Summary {
+            rule_index: rules
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.name.clone(), i))
+                .collect(),
+            limit_index: limits
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (r.name.clone(), i))
+                .collect(),
+            rules,
+            limits,
+            ..Summary::default()
+        }
+    }
+
+    /// Counts an event's overall result.
+    pub(crate) fn event(&mut self, allowed: bool, matched: bool) {
+        self.events += 1;
+        match (matched, allowed) {
+            (false, _) => self.unmatched += 1,
+            (true, true) => self.allowed += 1,
+            (true, false) => self.denied += 1,
+        }
+    }
+
+    fn rule(&mut self, hit: &RuleHit<'_>) -> Option<&mut RuleTotals> {
+        let i = *self.rule_index.get(hit.rule.name())?;
+        self.rules.get_mut(i)
+    }
+
+    pub(crate) fn shadow(&mut self, hit: &RuleHit<'_>, allowed: bool) {
+        if let Some(r) = self.rule(hit) {
+            r.record(&hit.key, allowed, !allowed, hit.cost);
+        }
+    }
+
+    pub(crate) fn enforced(&mut self, hits: &[RuleHit<'_>], outcome: &Outcome) {
+        for (hit, d) in hits.iter().zip(&outcome.decisions) {
+            if let Some(r) = self.rule(hit) {
+                r.record(&hit.key, outcome.allowed, !d.allowed, hit.cost);
+            }
+        }
+    }
+
+    pub(crate) fn refused(&mut self, hit: &RuleHit<'_>) {
+        if let Some(r) = self.rule(hit) {
+            r.hits += 1;
+            r.refused += 1;
+        }
+    }
+
+    pub(crate) fn call(&mut self, name: &str, key: &str, cost: f64, outcome: &Outcome) {
+        let Some(&i) = self.limit_index.get(name) else {
+            return;
+        };
+        if let (Some(r), Some(d)) = (self.limits.get_mut(i), outcome.decisions.first()) {
+            r.record(key, outcome.allowed, !d.allowed, cost);
+        }
+    }
+
+    fn finish(&mut self) {
+        for r in self.rules.iter_mut().chain(self.limits.iter_mut()) {
+            let mut keys: Vec<_> = r
+                .denied_keys
+                .drain()
+                .map(|(k, n)| (readable(&k), n))
+                .collect();
+            keys.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
+            keys.truncate(TOP_KEYS);
+            r.top_denied_keys = keys;
+        }
+    }
+
+    /// Writes `{"summary": ...}` as one JSON line, and a table for people.
+    pub(crate) fn write(
+        &mut self,
+        json: &mut impl Write,
+        table: &mut impl Write,
+    ) -> anyhow::Result<()> {
+        self.finish();
+        #[derive(Serialize)]
+        struct Line<'a> {
+            summary: &'a Summary,
+        }
+        serde_json::to_writer(&mut *json, &Line { summary: self })?;
+        writeln!(json)?;
+        writeln!(
+            table,
+            "{} events: {} allowed, {} denied, {} matched no rule",
+            self.events, self.allowed, self.denied, self.unmatched
+        )?;
+        writeln!(
+            table,
+            "{:<28} {:<8} {:>10} {:>10} {:>10} {:>11}  top denied keys",
+            "rule", "mode", "hits", "allowed", "denied", "rolled back"
+        )?;
+        for r in self.rules.iter().chain(&self.limits) {
+            let top: Vec<String> = r
+                .top_denied_keys
+                .iter()
+                .map(|(k, n)| format!("{k} ({n})"))
+                .collect();
+            writeln!(
+                table,
+                "{:<28} {:<8} {:>10} {:>10} {:>10} {:>11}  {}",
+                r.name,
+                r.mode,
+                r.hits,
+                r.allowed,
+                r.denied,
+                r.rolled_back,
+                top.join(", ")
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A composite key as people read it: its parts separated by spaces.
+fn readable(key: &str) -> String {
+    match decode_key(key) {
+        Some(parts) if parts.is_empty() => "(shared)".to_owned(),
+        Some(parts) => parts.join(" "),
+        None => key.to_owned(),
+    }
+}

@@ -1,0 +1,487 @@
+//! `sluice replay` and `sluice validate` as a user runs them: the real binary,
+//! real files, and traces built to probe the edges of the semantics. Every
+//! expected number below is worked out by hand from DESIGN.md.
+
+// Test helpers outside #[test] functions fail loudly on purpose.
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use serde_json::{Value, json};
+
+struct Dir(tempfile::TempDir);
+
+impl Dir {
+    fn new() -> Dir {
+        Dir(tempfile::tempdir().unwrap())
+    }
+
+    fn file(&self, name: &str, text: &str) -> PathBuf {
+        let path = self.0.path().join(name);
+        std::fs::write(&path, text).unwrap();
+        path
+    }
+}
+
+fn sluice(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn path(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+/// Replays `events` (one JSON value per line) through `policy`; returns one
+/// JSON value per output line.
+fn replay(policy: &str, events: &[Value]) -> Vec<Value> {
+    let dir = Dir::new();
+    let p = dir.file("policy.yaml", policy);
+    let lines: Vec<String> = events.iter().map(Value::to_string).collect();
+    let e = dir.file("events.jsonl", &lines.join("\n"));
+    let out = sluice(&[
+        "replay",
+        "--quiet",
+        "--policy",
+        path(&p),
+        "--events",
+        path(&e),
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "replay failed: {stderr}");
+    let decisions: Vec<Value> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(decisions.len(), events.len(), "one decision per event");
+    for (d, e) in decisions.iter().zip(events) {
+        assert_eq!(d["t"], e["t"], "decisions keep the events' order");
+    }
+    decisions
+}
+
+fn req(t: f64, ip: &str) -> Value {
+    json!({"t": t, "ip": ip, "method": "GET", "path": "/api/x"})
+}
+
+fn column<'a>(ds: &'a [Value], field: &str) -> Vec<&'a Value> {
+    ds.iter().map(|d| &d[field]).collect()
+}
+
+const PER_IP: &str = "
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 3}
+";
+
+#[test]
+fn a_burst_at_one_instant_admits_the_burst_then_waits_for_the_rate() {
+    let events: Vec<Value> = (0..5).map(|_| req(0.0, "203.0.113.9")).collect();
+    let ds = replay(PER_IP, &events);
+    assert_eq!(
+        column(&ds, "allowed"),
+        [true, true, true, false, false]
+            .map(Value::from)
+            .iter()
+            .collect::<Vec<_>>()
+    );
+    assert_eq!(
+        column(&ds, "remaining"),
+        [2, 1, 0, 0, 0].map(Value::from).iter().collect::<Vec<_>>()
+    );
+    assert_eq!(ds[0]["rule"], "per-ip");
+    assert_eq!(ds[0]["limit"], 3);
+    assert_eq!(ds[0]["retry_after"], Value::Null);
+    assert_eq!(ds[0]["reset"], 1.0);
+    assert_eq!(ds[2]["reset"], 3.0);
+    assert_eq!(ds[3]["retry_after"], 1.0);
+    assert_eq!(ds[3]["reset"], 3.0);
+}
+
+#[test]
+fn an_idle_gap_longer_than_the_refill_time_refills_only_to_the_burst() {
+    let mut events: Vec<Value> = (0..3).map(|_| req(0.0, "203.0.113.9")).collect();
+    events.extend((0..4).map(|_| req(86_400.0, "203.0.113.9")));
+    let ds = replay(PER_IP, &events);
+    let allowed: Vec<bool> = ds.iter().map(|d| d["allowed"].as_bool().unwrap()).collect();
+    assert_eq!(allowed, [true, true, true, true, true, true, false]);
+    assert_eq!(ds[3]["remaining"], 2);
+}
+
+#[test]
+fn partial_refill_is_exact_between_events() {
+    let events: Vec<Value> = [0.0, 0.0, 0.0, 0.25, 1.0, 1.5]
+        .iter()
+        .map(|&t| req(t, "192.0.2.1"))
+        .collect();
+    let ds = replay(PER_IP, &events);
+    // At 0.25 s the bucket holds 0.25: denied, 0.75 s to wait.
+    assert_eq!(ds[3]["allowed"], false);
+    assert_eq!(ds[3]["retry_after"], 0.75);
+    assert_eq!(ds[3]["reset"], 2.75);
+    // At 1.0 s it holds exactly 1.
+    assert_eq!(ds[4]["allowed"], true);
+    assert_eq!(ds[4]["remaining"], 0);
+    assert_eq!(ds[5]["allowed"], false);
+    assert_eq!(ds[5]["retry_after"], 0.5);
+}
+
+#[test]
+fn fixed_windows_open_exactly_at_their_boundaries() {
+    let policy = "
+rules:
+  - name: windowed
+    limit_keys: []
+    algorithm: fixed_window
+    algorithm_config: {rate: 2, period: 10s, start: 0}
+";
+    let events: Vec<Value> = [5.0, 9.999, 9.999, 10.0, 10.0, 10.0, 35.0]
+        .iter()
+        .map(|&t| req(t, "203.0.113.9"))
+        .collect();
+    let ds = replay(policy, &events);
+    let allowed: Vec<bool> = ds.iter().map(|d| d["allowed"].as_bool().unwrap()).collect();
+    assert_eq!(allowed, [true, true, false, true, true, false, true]);
+    let retry = ds[2]["retry_after"].as_f64().unwrap();
+    assert!((retry - 0.001).abs() < 1e-9, "{retry}");
+    assert_eq!(ds[5]["retry_after"], 10.0);
+    // Windows never roll over more than the capacity (2 by default).
+    assert_eq!(ds[6]["remaining"], 1);
+    assert_eq!(ds[0]["limit"], 2);
+}
+
+#[test]
+fn bad_cost_headers_fall_back_to_the_default_cost() {
+    let policy = "
+rules:
+  - name: metered
+    limit_keys: ['header:x-api-key']
+    algorithm: token_bucket
+    algorithm_config:
+      rps: 0.001
+      burst: 20
+      cost_source: header:x-cost
+      default_cost: 2
+";
+    let with_cost = |t: f64, cost: Option<&str>| {
+        let mut headers = json!({"x-api-key": "k1"});
+        if let Some(c) = cost {
+            headers["X-Cost"] = json!(c);
+        }
+        json!({"t": t, "ip": "192.0.2.1", "path": "/", "headers": headers})
+    };
+    let events = [
+        with_cost(0.0, Some("abc")),
+        with_cost(0.0, Some("-1")),
+        with_cost(0.0, Some("0")),
+        with_cost(0.0, Some("NaN")),
+        with_cost(0.0, None),
+        with_cost(0.0, Some("3.5")),
+    ];
+    let ds = replay(policy, &events);
+    // 20 - 2×5 = 10, then 10 - 3.5 = 6.5.
+    assert_eq!(
+        column(&ds, "remaining"),
+        [18, 16, 14, 12, 10, 6]
+            .map(Value::from)
+            .iter()
+            .collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn a_cost_above_the_burst_is_refused_with_a_reason() {
+    let policy = "
+rules:
+  - name: metered
+    limit_keys: []
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 5, cost_source: 'query:n'}
+";
+    let ds = replay(
+        policy,
+        &[
+            json!({"t": 0, "path": "/", "query": "n=50"}),
+            json!({"t": 0, "path": "/", "query": "n=5"}),
+        ],
+    );
+    assert_eq!(ds[0]["allowed"], false);
+    assert_eq!(ds[0]["retry_after"], Value::Null);
+    assert!(
+        ds[0]["error"]
+            .as_str()
+            .unwrap()
+            .contains("can never succeed")
+    );
+    // The refused request took nothing.
+    assert_eq!(ds[1]["allowed"], true);
+    assert_eq!(ds[1]["remaining"], 0);
+}
+
+#[test]
+fn several_rules_are_one_transaction() {
+    let policy = "
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 10}
+  - name: per-key
+    limit_keys: ['header:x-api-key']
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 2, burst: 3}
+";
+    let keyed =
+        |t: f64| json!({"t": t, "ip": "192.0.2.1", "path": "/", "headers": {"x-api-key": "k"}});
+    let events = [
+        keyed(0.0),
+        keyed(0.0),
+        keyed(0.0),
+        keyed(0.0),
+        json!({"t": 0.0, "ip": "192.0.2.1", "path": "/"}),
+    ];
+    let ds = replay(policy, &events);
+    // The most restrictive allowing rule speaks for allowed requests.
+    assert_eq!(ds[0]["rule"], "per-key");
+    assert_eq!(ds[0]["remaining"], 2);
+    assert_eq!(ds[3]["allowed"], false);
+    assert_eq!(ds[3]["rule"], "per-key");
+    assert_eq!(ds[3]["retry_after"], 2.0);
+    // per-ip did not pay for the denied request: 10 - 3 - 1 = 6.
+    assert_eq!(ds[4]["rule"], "per-ip");
+    assert_eq!(ds[4]["remaining"], 6);
+}
+
+#[test]
+fn the_denying_rule_with_the_longest_wait_is_reported() {
+    let policy = "
+rules:
+  - name: fast
+    limit_keys: []
+    algorithm: token_bucket
+    algorithm_config: {rps: 2, burst: 1}
+  - name: slow
+    limit_keys: []
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 4, burst: 1}
+";
+    let ds = replay(policy, &[req(0.0, "192.0.2.1"), req(0.0, "192.0.2.1")]);
+    assert_eq!(ds[1]["allowed"], false);
+    assert_eq!(ds[1]["rule"], "slow");
+    assert_eq!(ds[1]["retry_after"], 4.0);
+}
+
+#[test]
+fn reservations_queue_within_max_reserved() {
+    let policy = "
+limits:
+  sendMessage:
+    algorithm: token_bucket
+    algorithm_config: {rate: 10, period: 60, burst: 20, max_reserved: 50}
+";
+    let call = |t: f64, count: f64, reserve: bool| json!({"t": t, "limit": "sendMessage", "key": "user-1", "count": count, "reserve": reserve});
+    let ds = replay(
+        policy,
+        &[
+            call(0.0, 20.0, false),
+            call(0.0, 1.0, false),
+            call(0.0, 30.0, true),
+            call(0.0, 25.0, true),
+            call(0.0, 20.0, true),
+            call(300.0, 1.0, false),
+            call(306.0, 1.0, false),
+        ],
+    );
+    assert_eq!(ds[0]["remaining"], 0);
+    assert_eq!(ds[1]["allowed"], false);
+    assert_eq!(ds[1]["retry_after"], 6.0);
+    // Reserved: 30 tokens short, 6 s each.
+    assert_eq!(ds[2]["allowed"], true);
+    assert_eq!(ds[2]["retry_after"], 180.0);
+    assert_eq!(ds[2]["rule"], "sendMessage");
+    // 55 short would exceed max_reserved 50.
+    assert_eq!(ds[3]["allowed"], false);
+    assert_eq!(ds[3]["retry_after"], 330.0);
+    // 50 short is exactly allowed.
+    assert_eq!(ds[4]["allowed"], true);
+    assert_eq!(ds[4]["retry_after"], 300.0);
+    // After 300 s the debt is paid but nothing is left; 6 s later one token.
+    assert_eq!(ds[5]["allowed"], false);
+    assert_eq!(ds[6]["allowed"], true);
+}
+
+#[test]
+fn shadow_rules_report_but_never_deny() {
+    let policy = "
+rules:
+  - name: trial
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 1}
+    mode: shadow
+";
+    let ds = replay(policy, &[req(0.0, "192.0.2.1"), req(0.0, "192.0.2.1")]);
+    assert_eq!(ds[1]["allowed"], true);
+    assert_eq!(ds[1]["shadow_denied"], json!(["trial"]));
+    assert!(ds[0].get("shadow_denied").is_none());
+}
+
+#[test]
+fn unmatched_events_and_composite_keys() {
+    let policy = "
+rules:
+  - name: per-ip-and-path
+    limit_keys: [ip:address, path]
+    match: {method: POST}
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 1}
+";
+    let post = |ip: &str, path: &str| json!({"t": 0, "ip": ip, "method": "POST", "path": path});
+    let ds = replay(
+        policy,
+        &[
+            post("192.0.2.1", "/a"),
+            post("192.0.2.1", "/b"),
+            post("192.0.2.1", "/a"),
+            req(0.0, "192.0.2.1"),
+        ],
+    );
+    let allowed: Vec<bool> = ds.iter().map(|d| d["allowed"].as_bool().unwrap()).collect();
+    assert_eq!(allowed, [true, true, false, true]);
+    assert_eq!(ds[3]["rule"], Value::Null);
+    assert_eq!(ds[3]["remaining"], Value::Null);
+}
+
+#[test]
+fn replays_are_reproducible_and_summarised() {
+    let dir = Dir::new();
+    let p = dir.file(
+        "policy.yaml",
+        "
+limits:
+  hot:
+    algorithm: token_bucket
+    algorithm_config: {rps: 4, burst: 8, shards: 4}
+",
+    );
+    let events: Vec<String> = (0..200)
+        .map(|i| json!({"t": f64::from(i) * 0.05, "limit": "hot", "key": "k"}).to_string())
+        .collect();
+    let e = dir.file("events.jsonl", &events.join("\n"));
+    let run = || sluice(&["replay", "-q", "--summary", "-p", path(&p), "-e", path(&e)]);
+    let (a, b) = (run(), run());
+    assert!(a.status.success());
+    assert_eq!(a.stdout, b.stdout);
+    let text = String::from_utf8(a.stdout).unwrap();
+    let last: Value = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    let hot = &last["summary"]["limits"][0];
+    assert_eq!(hot["name"], "hot");
+    assert_eq!(hot["hits"], 200);
+    let allowed = hot["allowed"].as_u64().unwrap();
+    // 10 s at 4/s plus the burst of 8 bounds what can be admitted.
+    assert!(allowed <= 8 + 40, "{allowed}");
+    assert!(allowed >= 30, "{allowed}");
+    assert!(String::from_utf8_lossy(&a.stderr).contains("200 events"));
+}
+
+// ---- bad input: a clear error, a non-zero exit, never a panic ----
+
+fn fails_with(out: &Output, wanted: &[&str]) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "should fail: {stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    for w in wanted {
+        assert!(stderr.contains(w), "missing {w:?} in: {stderr}");
+    }
+}
+
+#[test]
+fn bad_policies_are_reported_with_file_line_and_column() {
+    let dir = Dir::new();
+    let events = dir.file("e.jsonl", "");
+    let cases = [
+        (
+            "malformed.yaml",
+            "rules: [\n  {name: a\n",
+            "malformed.yaml:",
+        ),
+        (
+            "type.yaml",
+            "rules:\n  - name: a\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: fast}\n",
+            "type.yaml:5:",
+        ),
+        (
+            "negative.yaml",
+            "rules:\n  - name: a\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: -3}\n",
+            "negative.yaml:5:29:",
+        ),
+        (
+            "unknown.yaml",
+            "rules:\n  - name: a\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: 3}\n    colour: red\n",
+            "unknown.yaml:6:",
+        ),
+    ];
+    for (name, text, place) in cases {
+        let p = dir.file(name, text);
+        fails_with(&sluice(&["validate", path(&p)]), &[place]);
+        fails_with(
+            &sluice(&["replay", "-p", path(&p), "-e", path(&events)]),
+            &[place],
+        );
+    }
+    let good = dir.file("good.yaml", PER_IP);
+    let out = sluice(&["validate", path(&good)]);
+    assert!(out.status.success());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (0 limits, 1 rules)"));
+}
+
+#[test]
+fn bad_events_are_reported_with_their_line() {
+    let dir = Dir::new();
+    let p = dir.file(
+        "p.yaml",
+        &format!(
+            "{PER_IP}limits:\n  l: {{algorithm: token_bucket, algorithm_config: {{rps: 1}}}}\n"
+        ),
+    );
+    let cases = [
+        (
+            "{\"t\": 1, \"ip\": \"192.0.2.1\"}\n{\"t\": 0.5, \"ip\": \"192.0.2.1\"}\n",
+            vec!["e.jsonl:2:", "out of time order"],
+        ),
+        ("{\"t\": 1}\n{\"t\": \n", vec!["e.jsonl:2:", "bad event"]),
+        ("{\"t\": \"noon\"}\n", vec!["e.jsonl:1:", "invalid type"]),
+        (
+            "{\"t\": 1, \"limit\": \"nope\"}\n",
+            vec!["e.jsonl:1", "no limit named \"nope\""],
+        ),
+        (
+            "{\"t\": 1, \"ip\": \"not-an-ip\"}\n",
+            vec!["e.jsonl:1:", "bad `ip`"],
+        ),
+        ("{\"t\": 1, \"limit\": \"l\", \"count\": -2}\n", vec![]),
+    ];
+    for (text, wanted) in cases {
+        let e = dir.file("e.jsonl", text);
+        let out = sluice(&["replay", "-q", "-p", path(&p), "-e", path(&e)]);
+        if wanted.is_empty() {
+            // A negative count is answered, not fatal: the event is refused.
+            assert!(out.status.success());
+            let line: Value = serde_json::from_slice(&out.stdout).unwrap();
+            assert_eq!(line["allowed"], false);
+            assert!(line["error"].as_str().unwrap().contains(">= 0"));
+        } else {
+            fails_with(&out, &wanted);
+        }
+    }
+    fails_with(
+        &sluice(&["replay", "-p", path(&p), "-e", "/nonexistent/e.jsonl"]),
+        &["cannot open"],
+    );
+}
