@@ -59,6 +59,7 @@ pub struct Eval {
 /// assert_eq!(second.decision.retry_after, Some(1.0));
 /// assert_eq!(second.next, None);
 /// ```
+#[inline]
 pub fn evaluate(
     alg: &Algorithm,
     state: Option<State>,
@@ -78,9 +79,11 @@ fn may_reserve(reserve: bool, deficit: f64, max_reserved: Option<f64>) -> bool {
     reserve && max_reserved.is_none_or(|m| deficit <= m)
 }
 
+#[inline]
 fn remaining(tokens: f64) -> u64 {
-    // `as` saturates, which is what a count of whole tokens wants.
-    tokens.max(0.0).floor() as u64
+    // For values >= 0 the truncating `as` is the floor, and it saturates,
+    // which is what a count of whole tokens wants.
+    tokens.max(0.0) as u64
 }
 
 /// Seconds elapsed from `from` to `to`, never negative: a clock that steps
@@ -89,6 +92,7 @@ fn elapsed(from: Nanos, to: Nanos) -> i64 {
     to.0.saturating_sub(from.0).max(0)
 }
 
+#[inline]
 fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
     match state {
         None => State {
@@ -104,6 +108,7 @@ fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
     }
 }
 
+#[inline]
 fn token_bucket(
     tb: &TokenBucket,
     state: Option<State>,
@@ -167,6 +172,7 @@ fn until_window(fw: &FixedWindow, ts: Nanos, now: Nanos, windows: f64) -> f64 {
     ((ts.0 - now.0) as f64 + windows * fw.period().0 as f64) / NS
 }
 
+#[inline]
 fn fixed_window(
     fw: &FixedWindow,
     state: Option<State>,

@@ -61,6 +61,8 @@ pub struct TokenBucket {
     // so that "10 per 60 s" refills 1 token in exactly 6 s, not 6.000000000000001.
     tokens: f64,
     period: Nanos,
+    // `period` in seconds, kept so the hot path divides once less.
+    period_secs: f64,
     burst: f64,
     max_reserved: Option<f64>,
 }
@@ -89,6 +91,7 @@ impl TokenBucket {
         Ok(TokenBucket {
             tokens,
             period,
+            period_secs: period.as_secs_f64(),
             burst: tokens,
             max_reserved: None,
         })
@@ -113,7 +116,7 @@ impl TokenBucket {
 
     /// Tokens added per second.
     pub fn rate(&self) -> f64 {
-        self.tokens / self.period.as_secs_f64()
+        self.tokens / self.period_secs
     }
 
     /// Tokens added per [`TokenBucket::period`]: the rate as configured.
@@ -127,14 +130,16 @@ impl TokenBucket {
     }
 
     /// Tokens added over `ns` nanoseconds.
+    #[inline]
     pub(crate) fn refill(&self, ns: i64) -> f64 {
         // One multiplication and one division keep whole results exact.
         ns as f64 * self.tokens / self.period.0 as f64
     }
 
     /// Seconds needed to add `tokens` tokens.
+    #[inline]
     pub(crate) fn secs_for(&self, tokens: f64) -> f64 {
-        tokens * self.period.as_secs_f64() / self.tokens
+        tokens * self.period_secs / self.tokens
     }
 
     /// The bucket's capacity.
@@ -369,13 +374,13 @@ impl Limit {
         })
     }
 
-    /// The limit's name, which namespaces its keys in a store.
-    pub fn name(&self) -> &str {
-        &self.inner.name
+    /// Whether two handles are clones of one limit (and so configured alike).
+    pub(crate) fn same(&self, other: &Limit) -> bool {
+        Arc::ptr_eq(&self.inner, &other.inner)
     }
 
-    /// The shared name, for stores that keep it.
-    pub fn name_arc(&self) -> &Arc<str> {
+    /// The limit's name, which namespaces its keys in a store.
+    pub fn name(&self) -> &str {
         &self.inner.name
     }
 

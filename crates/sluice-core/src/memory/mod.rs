@@ -1,8 +1,8 @@
-//! The embedded store: states in sharded hash tables, one small lock per
+//! The embedded store: states in sharded flat tables, one small lock per
 //! shard, memory bounded by dropping full buckets and by a key cap.
 //!
 //! A key is held as a 64-bit fingerprint from SipHash-1-3 under a random
-//! per-store key, next to its two numbers: 24 bytes an entry. Keys of
+//! per-store key, next to its two numbers: 24 bytes an entry (see `slots`). Keys of
 //! different limits live in different tables, so two keys can only share
 //! state if they belong to the same limit and their fingerprints collide
 //! (chance about n²/2⁶⁵ for n live keys, and no one who doesn't know the
@@ -10,29 +10,32 @@
 
 use std::future::{Ready, ready};
 use std::hash::{BuildHasher, RandomState};
-use std::sync::Arc;
 
-use hashbrown::HashTable;
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
 
 use crate::algorithm::{self, State};
 use crate::config::{Algorithm, Limit};
-use crate::decision::{Outcome, Value};
+use crate::decision::{Decision, Outcome, Value};
 use crate::store::{Mode, Op, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
+
+mod slots;
+
+use slots::{Entry, Probe, Slots, nonzero};
 
 /// Entries a shard may hold before its first sweep for full buckets.
 const MIN_SWEEP: usize = 1024;
 
-#[derive(Clone, Copy)]
-struct Entry {
-    fp: u64,
-    tokens: f64,
-    ts: i64,
-}
-
 impl Entry {
+    fn new(fp: u64, s: State) -> Entry {
+        Entry {
+            fp,
+            tokens: s.tokens,
+            ts: s.ts.0,
+        }
+    }
+
     fn state(&self) -> State {
         State {
             tokens: self.tokens,
@@ -43,52 +46,40 @@ impl Entry {
 
 /// The keys of one limit within one shard.
 struct Table {
-    name: Arc<str>,
+    /// The handle last used, to skip comparing configurations on every call.
+    limit: Limit,
     alg: Algorithm,
-    entries: HashTable<Entry>,
+    entries: Slots,
 }
 
 impl Table {
     fn get(&self, fp: u64) -> Option<State> {
-        self.entries.find(fp, |e| e.fp == fp).map(Entry::state)
+        self.entries.get(fp).map(Entry::state)
     }
 
     /// Stores `s`, or forgets the key when `s` is full. Returns the change in
     /// the number of entries.
     fn put(&mut self, fp: u64, s: State) -> isize {
         let full = s.tokens >= self.alg.capacity();
-        match self.entries.find_entry(fp, |e| e.fp == fp) {
-            Ok(occupied) if full => {
-                occupied.remove();
+        match self.entries.find(fp) {
+            Probe::Found(i) if full => {
+                self.entries.remove_at(i);
                 -1
             }
-            Ok(mut occupied) => {
-                let e = occupied.get_mut();
-                e.tokens = s.tokens;
-                e.ts = s.ts.0;
+            Probe::Found(i) => {
+                *self.entries.at_mut(i) = Entry::new(fp, s);
                 0
             }
-            Err(_) if full => 0,
-            Err(_) => {
-                let e = Entry {
-                    fp,
-                    tokens: s.tokens,
-                    ts: s.ts.0,
-                };
-                self.entries.insert_unique(fp, e, |e| e.fp);
+            Probe::Vacant if full => 0,
+            Probe::Vacant => {
+                self.entries.insert_new(Entry::new(fp, s));
                 1
             }
         }
     }
 
     fn remove(&mut self, fp: u64) -> isize {
-        match self.entries.find_entry(fp, |e| e.fp == fp) {
-            Ok(occupied) => {
-                occupied.remove();
-                -1
-            }
-            Err(_) => 0,
-        }
+        -isize::from(self.entries.remove(fp))
     }
 }
 
@@ -103,25 +94,26 @@ impl Shard {
     /// The table of `limit`, created on first use. A changed configuration
     /// takes effect at once and keeps the stored tokens.
     fn table(&mut self, limit: &Limit) -> usize {
+        if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
+            return i;
+        }
         let alg = *limit.shard_algorithm();
-        let name = limit.name_arc();
-        let found = self
+        match self
             .tables
             .iter()
-            .position(|t| Arc::ptr_eq(&t.name, name) || *t.name == **name);
-        match found {
+            .position(|t| t.limit.name() == limit.name())
+        {
             Some(i) => {
                 let t = &mut self.tables[i];
-                if t.alg != alg {
-                    t.alg = alg;
-                }
+                t.limit = limit.clone();
+                t.alg = alg;
                 i
             }
             None => {
                 self.tables.push(Table {
-                    name: name.clone(),
+                    limit: limit.clone(),
                     alg,
-                    entries: HashTable::new(),
+                    entries: Slots::default(),
                 });
                 self.tables.len() - 1
             }
@@ -146,11 +138,6 @@ impl Shard {
         self.recount();
         if self.len > cap {
             self.evict_nearest_full(cap - cap / 8);
-        }
-        for t in &mut self.tables {
-            if t.entries.capacity() > 4 * (t.entries.len() + 16) {
-                t.entries.shrink_to(t.entries.len() * 2, |e| e.fp);
-            }
         }
         self.next_sweep = (self.len * 2).max(MIN_SWEEP);
     }
@@ -284,23 +271,105 @@ impl<C: Clock> MemoryStore<C> {
 
     fn fingerprint(&self, key: &str, shard: u32) -> u64 {
         let h = self.hasher.hash_one(key);
-        if shard == 0 {
+        nonzero(if shard == 0 {
             h
         } else {
             // Distinct shards of one key must not collide with each other.
             h ^ splitmix64(u64::from(shard))
-        }
+        })
     }
 
     fn lock_index(&self, fp: u64) -> usize {
-        // Middle bits: the table uses the low bits for buckets and the top
-        // seven for tags, and both should stay well spread within a shard.
+        // Middle bits: a table places entries by its low bits, which should
+        // stay well spread within a shard.
         ((fp >> 32) & ((1 << self.shard_bits) - 1)) as usize
     }
 
     /// Decides a transaction now. This is the whole of the store; the
     /// [`Store`] methods wrap it in a ready future.
     pub fn transact_now(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
+        match ops {
+            [op] if op.limit.shards() == 1 => {
+                let d = self.single(op, mode)?;
+                Ok(Outcome {
+                    allowed: d.allowed,
+                    decisions: smallvec::smallvec![d],
+                })
+            }
+            _ => self.transaction(ops, mode),
+        }
+    }
+
+    /// Decides one operation now: what [`Store::decide`] answers.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
+    /// let store = MemoryStore::new();
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 1.0).unwrap());
+    /// assert!(store.decide_now(Op::new(&limit, "k", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// assert!(!store.decide_now(Op::new(&limit, "k", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// ```
+    pub fn decide_now(&self, op: Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
+        if op.limit.shards() == 1 {
+            return self.single(&op, mode);
+        }
+        let outcome = self.transaction(std::slice::from_ref(&op), mode)?;
+        outcome
+            .decisions
+            .first()
+            .copied()
+            .ok_or_else(|| StoreError::Unavailable("no decision".into()))
+    }
+
+    /// The common case, one unsharded limit: one lock, one probe.
+    fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
+        op.validate(mode.reserve)?;
+        let alg = *op.limit.shard_algorithm();
+        let offset = window_offset(&alg, op.key);
+        let fp = self.fingerprint(op.key, 0);
+        let mut guard = self.shards[self.lock_index(fp)].0.lock();
+        let shard = &mut *guard;
+        // Read under the lock, so that one key's updates never go back in time.
+        let now = self.clock.now();
+        let t = shard.table(op.limit);
+        let entries = &mut shard.tables[t].entries;
+        let (ev, delta) = match entries.find(fp) {
+            Probe::Found(i) => {
+                let state = entries.at_mut(i).state();
+                let ev = algorithm::evaluate(&alg, Some(state), offset, now, op.cost, mode.reserve);
+                match ev.next.filter(|_| mode.consume) {
+                    Some(next) if next.tokens >= alg.capacity() => {
+                        entries.remove_at(i);
+                        (ev, -1)
+                    }
+                    Some(next) => {
+                        *entries.at_mut(i) = Entry::new(fp, next);
+                        (ev, 0)
+                    }
+                    None => (ev, 0),
+                }
+            }
+            Probe::Vacant => {
+                let ev = algorithm::evaluate(&alg, None, offset, now, op.cost, mode.reserve);
+                match ev.next.filter(|_| mode.consume) {
+                    Some(next) if next.tokens < alg.capacity() => {
+                        entries.insert_new(Entry::new(fp, next));
+                        (ev, 1)
+                    }
+                    _ => (ev, 0),
+                }
+            }
+        };
+        if delta != 0 {
+            shard.apply(delta);
+            shard.maintain(now, self.shard_cap);
+        }
+        Ok(ev.decision)
+    }
+
+    /// Any number of operations, on sharded limits too: every shard involved
+    /// is locked (in a fixed order) for the whole decision.
+    fn transaction(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
             op.validate(mode.reserve)?;
         }
@@ -467,5 +536,9 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn value(&self, limit: &Limit, key: &str) -> Ready<Result<Value, StoreError>> {
         ready(Ok(self.value_now(limit, key)))
+    }
+
+    fn decide(&self, op: Op<'_>, mode: Mode) -> Ready<Result<Decision, StoreError>> {
+        ready(self.decide_now(op, mode))
     }
 }
