@@ -61,8 +61,9 @@ pub struct TokenBucket {
     // so that "10 per 60 s" refills 1 token in exactly 6 s, not 6.000000000000001.
     tokens: f64,
     period: Nanos,
-    // `period` in seconds, kept so the hot path divides once less.
-    period_secs: f64,
+    // Seconds per token, computed once as period / tokens so that "10 per
+    // 60 s" waits exactly 6 s per token, and the hot path multiplies.
+    secs_per_token: f64,
     burst: f64,
     max_reserved: Option<f64>,
 }
@@ -91,7 +92,7 @@ impl TokenBucket {
         Ok(TokenBucket {
             tokens,
             period,
-            period_secs: period.as_secs_f64(),
+            secs_per_token: period.as_secs_f64() / tokens,
             burst: tokens,
             max_reserved: None,
         })
@@ -116,7 +117,7 @@ impl TokenBucket {
 
     /// Tokens added per second.
     pub fn rate(&self) -> f64 {
-        self.tokens / self.period_secs
+        self.tokens / self.period.as_secs_f64()
     }
 
     /// Tokens added per [`TokenBucket::period`]: the rate as configured.
@@ -139,7 +140,7 @@ impl TokenBucket {
     /// Seconds needed to add `tokens` tokens.
     #[inline]
     pub(crate) fn secs_for(&self, tokens: f64) -> f64 {
-        tokens * self.period_secs / self.tokens
+        tokens * self.secs_per_token
     }
 
     /// The bucket's capacity.
@@ -309,6 +310,7 @@ impl Algorithm {
         match self {
             Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(TokenBucket {
                 tokens: tb.tokens / n,
+                secs_per_token: tb.secs_per_token * n,
                 burst: tb.burst / n,
                 max_reserved: tb.max_reserved.map(|m| m / n),
                 ..tb

@@ -327,10 +327,12 @@ impl<C: Clock> MemoryStore<C> {
         let alg = *op.limit.shard_algorithm();
         let offset = window_offset(&alg, op.key);
         let fp = self.fingerprint(op.key, 0);
+        // Read before the lock to keep the critical section short. A thread
+        // that read an earlier time and locks later sees a state from its
+        // future, which the algorithms treat as no time elapsed.
+        let now = self.clock.now();
         let mut guard = self.shards[self.lock_index(fp)].0.lock();
         let shard = &mut *guard;
-        // Read under the lock, so that one key's updates never go back in time.
-        let now = self.clock.now();
         let t = shard.table(op.limit);
         let entries = &mut shard.tables[t].entries;
         let (ev, delta) = match entries.find(fp) {

@@ -122,14 +122,15 @@ impl Slots {
     }
 
     /// Keeps the entries `keep` accepts, and gives memory back when the
-    /// table has become sparse.
+    /// table has become sparse: by half at a time, so that a table that is
+    /// swept empty and refilled between sweeps does not resize over and over.
     pub(super) fn retain(&mut self, mut keep: impl FnMut(&Entry) -> bool) {
         let kept: Vec<Entry> = self.iter().filter(|e| keep(e)).copied().collect();
         let mut cap = self.slots.len();
-        while cap > 16 && kept.len() * 8 < cap {
+        if cap > 16 && kept.len() * 8 < cap {
             cap /= 2;
         }
-        self.slots = vec![Entry::default(); if kept.is_empty() { 0 } else { cap }];
+        self.slots = vec![Entry::default(); cap];
         self.len = kept.len();
         for e in kept {
             self.place(e);
