@@ -60,8 +60,14 @@ impl Table {
     /// Stores `s`, or forgets the key when `s` is full. Returns the change in
     /// the number of entries.
     fn put(&mut self, fp: u64, s: State) -> isize {
+        let probe = self.entries.find(fp);
+        self.put_at(probe, fp, s)
+    }
+
+    /// [`Table::put`] where the key has already been looked up.
+    fn put_at(&mut self, probe: Probe, fp: u64, s: State) -> isize {
         let full = s.tokens >= self.alg.capacity();
-        match self.entries.find(fp) {
+        match probe {
             Probe::Found(i) if full => {
                 self.entries.remove_at(i);
                 -1
@@ -334,33 +340,17 @@ impl<C: Clock> MemoryStore<C> {
         let mut guard = self.shards[self.lock_index(fp)].0.lock();
         let shard = &mut *guard;
         let t = shard.table(op.limit);
-        let entries = &mut shard.tables[t].entries;
-        let (ev, delta) = match entries.find(fp) {
-            Probe::Found(i) => {
-                let state = entries.at_mut(i).state();
-                let ev = algorithm::evaluate(&alg, Some(state), offset, now, op.cost, mode.reserve);
-                match ev.next.filter(|_| mode.consume) {
-                    Some(next) if next.tokens >= alg.capacity() => {
-                        entries.remove_at(i);
-                        (ev, -1)
-                    }
-                    Some(next) => {
-                        *entries.at_mut(i) = Entry::new(fp, next);
-                        (ev, 0)
-                    }
-                    None => (ev, 0),
-                }
-            }
-            Probe::Vacant => {
-                let ev = algorithm::evaluate(&alg, None, offset, now, op.cost, mode.reserve);
-                match ev.next.filter(|_| mode.consume) {
-                    Some(next) if next.tokens < alg.capacity() => {
-                        entries.insert_new(Entry::new(fp, next));
-                        (ev, 1)
-                    }
-                    _ => (ev, 0),
-                }
-            }
+        let table = &mut shard.tables[t];
+        // One probe serves both the read and the write.
+        let probe = table.entries.find(fp);
+        let state = match probe {
+            Probe::Found(i) => Some(table.entries.at_mut(i).state()),
+            Probe::Vacant => None,
+        };
+        let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
+        let delta = match ev.next {
+            Some(next) if mode.consume => table.put_at(probe, fp, next),
+            _ => 0,
         };
         if delta != 0 {
             shard.apply(delta);

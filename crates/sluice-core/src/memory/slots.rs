@@ -25,7 +25,8 @@ pub(super) struct Slots {
     len: usize,
 }
 
-/// Where a fingerprint is, or where it would go.
+/// Where a fingerprint is, if it is present.
+#[derive(Clone, Copy)]
 pub(super) enum Probe {
     Found(usize),
     Vacant,
