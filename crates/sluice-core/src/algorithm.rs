@@ -37,9 +37,6 @@ pub struct Eval {
     /// The state to store if the call is committed; `None` when nothing
     /// changes (a denial).
     pub next: Option<State>,
-    /// Tokens available at `now` before the call: the quantity the
-    /// power-of-two-choices pick compares.
-    pub available: f64,
 }
 
 /// Evaluates a call of `cost` tokens at `now`.
@@ -137,7 +134,6 @@ fn token_bucket(
             reset: tb.secs_for(tb.burst() - after).max(0.0),
         },
         next: allowed.then_some(State { tokens: after, ts }),
-        available,
     }
 }
 
@@ -205,7 +201,6 @@ fn fixed_window(
             reset,
         },
         next: allowed.then_some(State { tokens: after, ts }),
-        available: value,
     }
 }
 

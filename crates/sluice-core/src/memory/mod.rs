@@ -46,13 +46,17 @@ impl Entry {
 
 /// The keys of one limit within one shard.
 struct Table {
-    /// The handle last used, to skip comparing configurations on every call.
+    /// The handle last used: its configuration is the table's, and comparing
+    /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
-    alg: Algorithm,
     entries: Slots,
 }
 
 impl Table {
+    fn alg(&self) -> Algorithm {
+        *self.limit.shard_algorithm()
+    }
+
     fn get(&self, fp: u64) -> Option<State> {
         self.entries.get(fp).map(Entry::state)
     }
@@ -66,7 +70,7 @@ impl Table {
 
     /// [`Table::put`] where the key has already been looked up.
     fn put_at(&mut self, probe: Probe, fp: u64, s: State) -> isize {
-        let full = s.tokens >= self.alg.capacity();
+        let full = s.tokens >= self.alg().capacity();
         match probe {
             Probe::Found(i) if full => {
                 self.entries.remove_at(i);
@@ -103,22 +107,18 @@ impl Shard {
         if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
             return i;
         }
-        let alg = *limit.shard_algorithm();
         match self
             .tables
             .iter()
             .position(|t| t.limit.name() == limit.name())
         {
             Some(i) => {
-                let t = &mut self.tables[i];
-                t.limit = limit.clone();
-                t.alg = alg;
+                self.tables[i].limit = limit.clone();
                 i
             }
             None => {
                 self.tables.push(Table {
                     limit: limit.clone(),
-                    alg,
                     entries: Slots::default(),
                 });
                 self.tables.len() - 1
@@ -137,7 +137,7 @@ impl Shard {
             return;
         }
         for t in &mut self.tables {
-            let alg = t.alg;
+            let alg = t.alg();
             t.entries
                 .retain(|e| algorithm::full_at(&alg, &e.state()) > now);
         }
@@ -159,7 +159,7 @@ impl Shard {
             .flat_map(|t| {
                 t.entries
                     .iter()
-                    .map(|e| algorithm::full_at(&t.alg, &e.state()).0)
+                    .map(|e| algorithm::full_at(&t.alg(), &e.state()).0)
             })
             .collect();
         let excess = times.len().saturating_sub(target);
@@ -169,7 +169,7 @@ impl Shard {
         let (_, &mut cutoff, _) = times.select_nth_unstable(excess - 1);
         let mut budget = excess;
         for t in &mut self.tables {
-            let alg = t.alg;
+            let alg = t.alg();
             t.entries.retain(|e| {
                 if budget > 0 && algorithm::full_at(&alg, &e.state()).0 <= cutoff {
                     budget -= 1;

@@ -116,8 +116,10 @@ impl Engine {
         Ok(())
     }
 
-    fn op<'k>(&mut self, limit: &'k Limit, key: &'k str, cost: f64) -> Op<'k> {
-        Op::new(limit, key, cost).with_pick(self.rng.u64(..))
+    /// An operation whose shard choice comes from the seeded generator, so
+    /// that replays repeat exactly.
+    fn op<'k>(rng: &mut fastrand::Rng, limit: &'k Limit, key: &'k str, cost: f64) -> Op<'k> {
+        Op::new(limit, key, cost).with_pick(rng.u64(..))
     }
 
     /// All matching enforce rules as one transaction; each shadow rule on
@@ -136,7 +138,7 @@ impl Engine {
 
         let mut shadow_denied = Vec::new();
         for hit in &shadow {
-            let op = Op::new(hit.rule.limit(), &hit.key, hit.cost).with_pick(self.rng.u64(..));
+            let op = Self::op(&mut self.rng, hit.rule.limit(), &hit.key, hit.cost);
             let allowed = match self.store.transact_now(&[op], Mode::CONSUME) {
                 Ok(out) => out.allowed,
                 Err(_) => false,
@@ -149,7 +151,7 @@ impl Engine {
 
         let mut ops = Vec::with_capacity(enforce.len());
         for h in &enforce {
-            ops.push(Op::new(h.rule.limit(), &h.key, h.cost).with_pick(self.rng.u64(..)));
+            ops.push(Self::op(&mut self.rng, h.rule.limit(), &h.key, h.cost));
         }
         let mut line = match self.store.transact_now(&ops, Mode::CONSUME) {
             _ if enforce.is_empty() => Line::none(t),
@@ -200,7 +202,7 @@ impl Engine {
         } else {
             Mode::CONSUME
         };
-        let op = self.op(&limit, key, count);
+        let op = Self::op(&mut self.rng, &limit, key, count);
         let line = match self.store.transact_now(&[op], mode) {
             Ok(outcome) => {
                 self.summary.call(name, key, count, &outcome);
