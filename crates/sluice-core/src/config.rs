@@ -327,6 +327,8 @@ impl Algorithm {
 
 struct LimitInner {
     name: Arc<str>,
+    /// A hash of `name`, so a store can tell limits apart without comparing strings.
+    name_tag: u64,
     algorithm: Algorithm,
     shards: u32,
     shard_algorithm: Algorithm,
@@ -350,9 +352,14 @@ impl Limit {
     /// Creates a limit with one shard.
     pub fn new(name: impl Into<Arc<str>>, algorithm: impl Into<Algorithm>) -> Limit {
         let algorithm = algorithm.into();
+        let name: Arc<str> = name.into();
         Limit {
             inner: Arc::new(LimitInner {
-                name: name.into(),
+                name_tag: std::hash::BuildHasher::hash_one(
+                    &std::hash::BuildHasherDefault::<std::hash::DefaultHasher>::default(),
+                    &*name,
+                ),
+                name,
                 algorithm,
                 shards: 1,
                 shard_algorithm: algorithm,
@@ -369,6 +376,7 @@ impl Limit {
         Ok(Limit {
             inner: Arc::new(LimitInner {
                 name: self.inner.name.clone(),
+                name_tag: self.inner.name_tag,
                 algorithm: self.inner.algorithm,
                 shards: n,
                 shard_algorithm: self.inner.algorithm.split(n),
@@ -379,6 +387,11 @@ impl Limit {
     /// Whether two handles are clones of one limit (and so configured alike).
     pub(crate) fn same(&self, other: &Limit) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
+    }
+
+    /// A hash of the name, equal for every handle of the same name.
+    pub(crate) fn name_tag(&self) -> u64 {
+        self.inner.name_tag
     }
 
     /// The limit's name, which namespaces its keys in a store.

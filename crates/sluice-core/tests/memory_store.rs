@@ -75,6 +75,25 @@ fn eviction_drops_the_buckets_nearest_to_full_first() {
 }
 
 #[test]
+fn an_evicted_key_is_full_again_even_after_it_was_denied() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_024);
+    let slow = Limit::new("slow", TokenBucket::new(0.01, 100.0).unwrap());
+    let slower = Limit::new("slower", TokenBucket::new(1e-6, 2.0).unwrap());
+    let drained = store.transact_now(&[Op::new(&slow, "victim", 100.0)], Mode::CONSUME);
+    assert!(drained.unwrap().allowed);
+    // Denied twice: the second denial may come from the lock-free mirror.
+    assert!(!take(&store, &slow, "victim"));
+    assert!(!take(&store, &slow, "victim"));
+    // Noise that stays held far longer than the victim evicts the victim,
+    // which is the nearest to full.
+    for i in 0..50_000 {
+        take(&store, &slower, &format!("noise-{i}"));
+    }
+    assert!(take(&store, &slow, "victim"));
+}
+
+#[test]
 fn threads_racing_on_one_key_admit_exactly_the_burst() {
     let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
     let limit = Limit::new("l", TokenBucket::new(1e-6, 1_000.0).unwrap());
@@ -130,4 +149,108 @@ fn crossing_transactions_neither_deadlock_nor_tear() {
     // "shared" is bounded by a's burst of 300; x and y take 400 each at most.
     assert!(allowed <= 300 + 2 * 400);
     assert!(allowed >= 300);
+}
+
+/// One step of the store-versus-model run.
+#[derive(Debug, Clone)]
+enum Step {
+    Call {
+        dt: i64,
+        limit: usize,
+        key: usize,
+        cost: f64,
+        mode: usize,
+    },
+    Reset {
+        limit: usize,
+        key: usize,
+    },
+    /// Replaces a limit's configuration (same name) with a bigger one.
+    Raise {
+        limit: usize,
+    },
+}
+
+fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
+    use proptest::prelude::*;
+    let call = (
+        prop_oneof![Just(0i64), 0..Nanos::PER_SEC, 0..10 * Nanos::PER_SEC],
+        0..2usize,
+        0..3usize,
+        prop_oneof![Just(1.0), 0.0..4.0f64],
+        0..3usize,
+    )
+        .prop_map(|(dt, limit, key, cost, mode)| Step::Call {
+            dt,
+            limit,
+            key,
+            cost,
+            mode,
+        });
+    let step = prop_oneof![
+        8 => call,
+        1 => (0..2usize, 0..3usize).prop_map(|(limit, key)| Step::Reset { limit, key }),
+        1 => (0..2usize).prop_map(|limit| Step::Raise { limit }),
+    ];
+    prop::collection::vec(step, 1..200)
+}
+
+proptest::proptest! {
+    /// The store, with its lock-free mirror of denied keys, decides exactly
+    /// what the pure algorithm decides on a plain map of states, through
+    /// denials, checks, reservations, resets and configuration changes.
+    #[test]
+    fn store_decides_exactly_what_the_pure_algorithm_decides(steps in steps()) {
+        use std::collections::HashMap;
+        use sluice_core::{Algorithm, Clock, FixedWindow, algorithm::{State, evaluate}};
+
+        let clock = FakeClock::new(Nanos::ZERO);
+        let store = MemoryStore::with_clock(clock.clone());
+        let algs = |burst: f64| -> [Algorithm; 2] {
+            [
+                TokenBucket::new(2.0, burst).unwrap().with_max_reserved(2.0).unwrap().into(),
+                FixedWindow::new(burst, Nanos(3 * Nanos::PER_SEC))
+                    .unwrap()
+                    .with_start(Nanos::ZERO)
+                    .with_max_reserved(2.0)
+                    .unwrap()
+                    .into(),
+            ]
+        };
+        let mut limits: Vec<Limit> = algs(4.0)
+            .into_iter()
+            .enumerate()
+            .map(|(i, a)| Limit::new(format!("l{i}"), a))
+            .collect();
+        let mut model: HashMap<(usize, usize), State> = HashMap::new();
+        for step in steps {
+            match step {
+                Step::Call { dt, limit, key, cost, mode } => {
+                    clock.advance(Duration::from_nanos(dt.unsigned_abs()));
+                    let mode = [Mode::CONSUME, Mode::CHECK, Mode::RESERVE][mode];
+                    let l = &limits[limit];
+                    let alg = *l.shard_algorithm();
+                    if cost > alg.max_cost(mode.reserve) {
+                        continue;
+                    }
+                    let want = evaluate(&alg, model.get(&(limit, key)).copied(), 0, clock.now(), cost, mode.reserve);
+                    let got = store
+                        .decide_now(Op::new(l, &format!("k{key}"), cost), mode)
+                        .unwrap();
+                    proptest::prop_assert_eq!(got, want.decision);
+                    if let (Some(next), true) = (want.next, mode.consume) {
+                        model.insert((limit, key), next);
+                    }
+                }
+                Step::Reset { limit, key } => {
+                    store.reset_now(&limits[limit], &format!("k{key}"));
+                    model.remove(&(limit, key));
+                }
+                Step::Raise { limit } => {
+                    let burst = limits[limit].shard_algorithm().capacity() + 3.0;
+                    limits[limit] = Limit::new(format!("l{limit}"), algs(burst)[limit]);
+                }
+            }
+        }
+    }
 }

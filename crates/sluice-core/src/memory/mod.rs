@@ -20,8 +20,10 @@ use crate::decision::{Decision, Outcome, Value};
 use crate::store::{Mode, Op, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
 
+mod hints;
 mod slots;
 
+use hints::Hints;
 use slots::{Entry, Probe, Slots, nonzero};
 
 /// Entries a shard may hold before its first sweep for full buckets.
@@ -132,10 +134,12 @@ impl Shard {
 
     /// Drops full buckets every time the shard doubles, and enforces the key
     /// cap by dropping the buckets nearest to full: they hold the least.
-    fn maintain(&mut self, now: Nanos, cap: usize) {
+    /// Returns whether it dropped anything.
+    fn maintain(&mut self, now: Nanos, cap: usize) -> bool {
         if self.len < self.next_sweep.max(MIN_SWEEP) && self.len <= cap {
-            return;
+            return false;
         }
+        let before = self.len;
         for t in &mut self.tables {
             let alg = t.alg();
             t.entries
@@ -146,6 +150,7 @@ impl Shard {
             self.evict_nearest_full(cap - cap / 8);
         }
         self.next_sweep = (self.len * 2).max(MIN_SWEEP);
+        self.len != before
     }
 
     fn recount(&mut self) {
@@ -187,6 +192,27 @@ impl Shard {
 #[repr(align(128))]
 struct Padded<T>(T);
 
+/// One shard: its lock, and the lock-free mirror of its most denied keys.
+#[derive(Default)]
+struct Lane {
+    lock: Mutex<Shard>,
+    hints: Hints,
+}
+
+impl Lane {
+    /// Runs [`Shard::maintain`] and forgets the mirrors if entries went.
+    fn maintain(&self, shard: &mut Shard, now: Nanos, cap: usize) {
+        if shard.maintain(now, cap) {
+            self.hints.clear();
+        }
+    }
+}
+
+/// The mirror tag of a key: its fingerprint mixed with its limit's name.
+fn hint_tag(fp: u64, limit: &Limit) -> u64 {
+    nonzero(fp ^ limit.name_tag())
+}
+
 /// The in-memory [`Store`]: concurrent, exact, and bounded.
 ///
 /// ```
@@ -202,7 +228,7 @@ struct Padded<T>(T);
 pub struct MemoryStore<C = SystemClock> {
     clock: C,
     hasher: RandomState,
-    shards: Box<[Padded<Mutex<Shard>>]>,
+    shards: Box<[Padded<Lane>]>,
     shard_bits: u32,
     shard_cap: usize,
 }
@@ -236,9 +262,7 @@ impl<C: Clock> MemoryStore<C> {
         MemoryStore {
             clock,
             hasher: RandomState::new(),
-            shards: (0..n)
-                .map(|_| Padded(Mutex::new(Shard::default())))
-                .collect(),
+            shards: (0..n).map(|_| Padded(Lane::default())).collect(),
             shard_bits: n.trailing_zeros(),
             shard_cap: usize::MAX,
         }
@@ -267,7 +291,7 @@ impl<C: Clock> MemoryStore<C> {
     /// assert_eq!(store.len(), 1);
     /// ```
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock().len).sum()
+        self.shards.iter().map(|s| s.0.lock.lock().len).sum()
     }
 
     /// Whether no key is held.
@@ -337,7 +361,14 @@ impl<C: Clock> MemoryStore<C> {
         // that read an earlier time and locks later sees a state from its
         // future, which the algorithms treat as no time elapsed.
         let now = self.clock.now();
-        let mut guard = self.shards[self.lock_index(fp)].0.lock();
+        let lane = &self.shards[self.lock_index(fp)].0;
+        let tag = hint_tag(fp, op.limit);
+        if let Some(state) = lane.hints.get(tag)
+            && let Some(d) = decide_from_mirror(&alg, state, offset, now, op.cost, mode)
+        {
+            return Ok(d);
+        }
+        let mut guard = lane.lock.lock();
         let shard = &mut *guard;
         let t = shard.table(op.limit);
         let table = &mut shard.tables[t];
@@ -348,13 +379,22 @@ impl<C: Clock> MemoryStore<C> {
             Probe::Vacant => None,
         };
         let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
-        let delta = match ev.next {
-            Some(next) if mode.consume => table.put_at(probe, fp, next),
+        let delta = match (ev.next, state) {
+            (Some(next), _) if mode.consume => {
+                let delta = table.put_at(probe, fp, next);
+                lane.hints.update(tag, Some(next));
+                delta
+            }
+            // Only a held key can be denied; mirror it for the next caller.
+            (None, Some(held)) => {
+                lane.hints.put(tag, held);
+                0
+            }
             _ => 0,
         };
         if delta != 0 {
             shard.apply(delta);
-            shard.maintain(now, self.shard_cap);
+            lane.maintain(shard, now, self.shard_cap);
         }
         Ok(ev.decision)
     }
@@ -388,8 +428,10 @@ impl<C: Clock> MemoryStore<C> {
         // A fixed order makes concurrent multi-shard transactions deadlock-free.
         locks.sort_unstable();
         locks.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> =
-            locks.iter().map(|&i| self.shards[i].0.lock()).collect();
+        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> = locks
+            .iter()
+            .map(|&i| self.shards[i].0.lock.lock())
+            .collect();
         let now = self.clock.now();
 
         let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
@@ -433,11 +475,14 @@ impl<C: Clock> MemoryStore<C> {
         if outcome.allowed && mode.consume {
             for (slot, st) in pending {
                 let shard = &mut *guards[slot.guard];
-                let delta = shard.tables[slot.table].put(slot.fp, st);
+                let table = &mut shard.tables[slot.table];
+                let delta = table.put(slot.fp, st);
+                let tag = hint_tag(slot.fp, &table.limit);
+                self.shards[locks[slot.guard]].0.hints.update(tag, Some(st));
                 shard.apply(delta);
             }
-            for g in &mut guards {
-                g.maintain(now, self.shard_cap);
+            for (g, &i) in guards.iter_mut().zip(&locks) {
+                self.shards[i].0.maintain(g, now, self.shard_cap);
             }
         }
         Ok(outcome)
@@ -447,14 +492,15 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         limit: &Limit,
         key: &str,
-        mut f: impl FnMut(&mut Shard, usize, u64) -> R,
+        mut f: impl FnMut(&Lane, &mut Shard, usize, u64) -> R,
     ) -> SmallVec<[R; 1]> {
         (0..limit.shards())
             .map(|s| {
                 let fp = self.fingerprint(key, s);
-                let mut shard = self.shards[self.lock_index(fp)].0.lock();
+                let lane = &self.shards[self.lock_index(fp)].0;
+                let mut shard = lane.lock.lock();
                 let table = shard.table(limit);
-                f(&mut shard, table, fp)
+                f(lane, &mut shard, table, fp)
             })
             .collect()
     }
@@ -470,8 +516,9 @@ impl<C: Clock> MemoryStore<C> {
     /// assert!(store.transact_now(&[Op::new(&limit, "a", 1.0)], Mode::CONSUME).unwrap().allowed);
     /// ```
     pub fn reset_now(&self, limit: &Limit, key: &str) {
-        self.with_key_slots(limit, key, |shard, t, fp| {
+        self.with_key_slots(limit, key, |lane, shard, t, fp| {
             let delta = shard.tables[t].remove(fp);
+            lane.hints.update(hint_tag(fp, limit), None);
             shard.apply(delta);
         });
     }
@@ -488,7 +535,7 @@ impl<C: Clock> MemoryStore<C> {
         let alg = *limit.shard_algorithm();
         let offset = window_offset(&alg, key);
         let now = self.clock.now();
-        let parts = self.with_key_slots(limit, key, |shard, t, fp| {
+        let parts = self.with_key_slots(limit, key, |_, shard, t, fp| {
             algorithm::current(&alg, shard.tables[t].get(fp), offset, now)
         });
         Value {
@@ -496,6 +543,22 @@ impl<C: Clock> MemoryStore<C> {
             ts: parts.iter().map(|v| v.ts).max().unwrap_or(now),
         }
     }
+}
+
+/// Decides from an exact snapshot of the key's state, when that needs no
+/// write: a denial is the denial the locked path would give at that instant,
+/// and a check changes nothing.
+#[inline(never)]
+fn decide_from_mirror(
+    alg: &Algorithm,
+    state: State,
+    offset: i64,
+    now: Nanos,
+    cost: f64,
+    mode: Mode,
+) -> Option<Decision> {
+    let ev = algorithm::evaluate(alg, Some(state), offset, now, cost, mode.reserve);
+    (!ev.decision.allowed || !mode.consume).then_some(ev.decision)
 }
 
 fn window_offset(alg: &Algorithm, key: &str) -> i64 {
