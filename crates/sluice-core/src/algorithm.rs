@@ -248,6 +248,25 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     Nanos(state.ts.0.saturating_add(span as i64))
 }
 
+/// The `offset` argument of [`evaluate`] for `key` under `alg`: the key's
+/// own window alignment for a fixed window without a `start`, else 0.
+///
+/// ```
+/// use sluice_core::{Algorithm, FixedWindow, Nanos, TokenBucket, algorithm::key_offset};
+/// let tb = Algorithm::from(TokenBucket::new(1.0, 1.0).unwrap());
+/// assert_eq!(key_offset(&tb, "k"), 0);
+/// let fw = Algorithm::from(FixedWindow::new(5.0, Nanos(60_000_000_000)).unwrap());
+/// assert!((0..60_000_000_000).contains(&key_offset(&fw, "k")));
+/// ```
+pub fn key_offset(alg: &Algorithm, key: &str) -> i64 {
+    match alg {
+        Algorithm::FixedWindow(fw) if fw.start().is_none() => {
+            window_offset(key.as_bytes(), fw.period().0)
+        }
+        _ => 0,
+    }
+}
+
 /// The window alignment of a key when a fixed window has no `start`: a
 /// stable hash of the key, modulo the period.
 ///

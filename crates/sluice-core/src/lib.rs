@@ -8,6 +8,8 @@
 
 pub mod algorithm;
 mod config;
+#[cfg(feature = "conformance")]
+pub mod conformance;
 mod decision;
 pub mod memory;
 pub mod store;

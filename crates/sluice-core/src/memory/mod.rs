@@ -355,7 +355,7 @@ impl<C: Clock> MemoryStore<C> {
     fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
         op.validate(mode.reserve)?;
         let alg = *op.limit.shard_algorithm();
-        let offset = window_offset(&alg, op.key);
+        let offset = algorithm::key_offset(&alg, op.key);
         let fp = self.fingerprint(op.key, 0);
         // Read before the lock to keep the critical section short. A thread
         // that read an earlier time and locks later sees a state from its
@@ -438,7 +438,7 @@ impl<C: Clock> MemoryStore<C> {
         let mut decisions = SmallVec::new();
         for (op, &(fa, fb)) in ops.iter().zip(&cands) {
             let alg = *op.limit.shard_algorithm();
-            let offset = window_offset(&alg, op.key);
+            let offset = algorithm::key_offset(&alg, op.key);
             let mut slot_of = |fp: u64| {
                 let guard = locks.binary_search(&self.lock_index(fp)).unwrap_or(0);
                 let table = guards[guard].table(op.limit);
@@ -533,7 +533,7 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     pub fn value_now(&self, limit: &Limit, key: &str) -> Value {
         let alg = *limit.shard_algorithm();
-        let offset = window_offset(&alg, key);
+        let offset = algorithm::key_offset(&alg, key);
         let now = self.clock.now();
         let parts = self.with_key_slots(limit, key, |_, shard, t, fp| {
             algorithm::current(&alg, shard.tables[t].get(fp), offset, now)
@@ -559,15 +559,6 @@ fn decide_from_mirror(
 ) -> Option<Decision> {
     let ev = algorithm::evaluate(alg, Some(state), offset, now, cost, mode.reserve);
     (!ev.decision.allowed || !mode.consume).then_some(ev.decision)
-}
-
-fn window_offset(alg: &Algorithm, key: &str) -> i64 {
-    match alg {
-        Algorithm::FixedWindow(fw) if fw.start().is_none() => {
-            algorithm::window_offset(key.as_bytes(), fw.period().0)
-        }
-        _ => 0,
-    }
 }
 
 fn splitmix64(mut x: u64) -> u64 {

@@ -1,0 +1,127 @@
+//! The exact local deny cache.
+//!
+//! A token bucket only gains tokens with time, and other servers can only take
+//! tokens away. So the tokens Redis last reported for a key, plus what time
+//! could have added since the request that learned them was *sent*, bound the
+//! tokens available now from above. When even that bound is short of the
+//! cost, the denial is certain and Redis need not be asked.
+
+use std::hash::{BuildHasher, RandomState};
+
+use parking_lot::Mutex;
+use sluice_core::algorithm::{self, State};
+use sluice_core::{Algorithm, Decision, Nanos};
+
+#[derive(Clone, Copy)]
+struct Entry {
+    fp: u64,
+    /// The configuration the bound was learned under: a changed limit must
+    /// not reuse it.
+    alg: Algorithm,
+    /// Tokens at most available at `ts` (local time).
+    bound: State,
+}
+
+#[derive(Default)]
+struct Slot {
+    entry: Option<Entry>,
+    /// The last reset of a key in this slot: a reply to a request sent before
+    /// it describes the state before the reset, and must not be learned.
+    reset_at: Nanos,
+}
+
+/// A direct-mapped table of upper bounds, one small lock per slot.
+pub(crate) struct DenyCache {
+    slots: Box<[Mutex<Slot>]>,
+    hasher: RandomState,
+}
+
+impl DenyCache {
+    pub(crate) fn new(slots: usize) -> DenyCache {
+        DenyCache {
+            slots: (0..slots.next_power_of_two())
+                .map(|_| Mutex::new(Slot::default()))
+                .collect(),
+            hasher: RandomState::new(),
+        }
+    }
+
+    pub(crate) fn fingerprint(&self, name: &str) -> u64 {
+        self.hasher.hash_one(name)
+    }
+
+    fn slot(&self, fp: u64) -> &Mutex<Slot> {
+        &self.slots[fp as usize & (self.slots.len() - 1)]
+    }
+
+    /// A certain denial of `cost` at local time `now`, if the bound proves one.
+    pub(crate) fn deny(
+        &self,
+        fp: u64,
+        alg: &Algorithm,
+        now: Nanos,
+        cost: f64,
+        reserve: bool,
+    ) -> Option<Decision> {
+        let entry = self.slot(fp).lock().entry?;
+        if entry.fp != fp || entry.alg != *alg {
+            return None;
+        }
+        let ev = algorithm::evaluate(alg, Some(entry.bound), 0, now, cost, reserve);
+        (!ev.decision.allowed).then_some(ev.decision)
+    }
+
+    /// Records that the key had at most `tokens` when Redis answered a request
+    /// sent at local time `sent`.
+    pub(crate) fn learn(&self, fp: u64, alg: &Algorithm, tokens: f64, sent: Nanos) {
+        let bound = State { tokens, ts: sent };
+        let mut slot = self.slot(fp).lock();
+        if sent >= slot.reset_at {
+            slot.entry = Some(Entry {
+                fp,
+                alg: *alg,
+                bound,
+            });
+        }
+    }
+
+    /// Forgets the key, reset at local time `now`, and ignores what replies
+    /// to requests sent before then say about it.
+    pub(crate) fn forget(&self, fp: u64, now: Nanos) {
+        let mut slot = self.slot(fp).lock();
+        if slot.entry.is_some_and(|e| e.fp == fp) {
+            slot.entry = None;
+        }
+        slot.reset_at = slot.reset_at.max(now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_core::TokenBucket;
+
+    #[test]
+    fn denies_only_what_the_bound_proves() {
+        let tb = Algorithm::from(TokenBucket::new(1.0, 10.0).unwrap());
+        let c = DenyCache::new(8);
+        let fp = c.fingerprint("k");
+        assert_eq!(c.deny(fp, &tb, Nanos(0), 1.0, false), None);
+        // 0.5 tokens when Redis answered a request sent at t = 0.
+        c.learn(fp, &tb, 0.5, Nanos(0));
+        let d = c.deny(fp, &tb, Nanos(0), 1.0, false).unwrap();
+        assert_eq!(d.retry_after, Some(0.5));
+        // Half a second later the bound reaches 1: no longer certain.
+        assert_eq!(c.deny(fp, &tb, Nanos(500_000_000), 1.0, false), None);
+        // A raised limit does not reuse the bound.
+        let raised = Algorithm::from(TokenBucket::new(1.0, 20.0).unwrap());
+        assert_eq!(c.deny(fp, &raised, Nanos(0), 1.0, false), None);
+        c.forget(fp, Nanos(10));
+        assert_eq!(c.deny(fp, &tb, Nanos(0), 1.0, false), None);
+        // A reply to a request sent before the reset is not learned.
+        c.learn(fp, &tb, 0.0, Nanos(9));
+        assert_eq!(c.deny(fp, &tb, Nanos(10), 1.0, false), None);
+        c.learn(fp, &tb, 0.0, Nanos(10));
+        assert!(c.deny(fp, &tb, Nanos(10), 1.0, false).is_some());
+    }
+}

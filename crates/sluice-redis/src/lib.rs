@@ -1,0 +1,23 @@
+//! A Redis (and Redis Cluster, and Valkey) implementation of
+//! [`sluice_core::Store`], so that every server sharing one Redis shares one
+//! exact limit.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
+//! use sluice_redis::{RedisConfig, RedisStore};
+//! let store = RedisStore::new(RedisConfig::from_url("redis://127.0.0.1:6379/0")?)?;
+//! let limit = Limit::new("api", TokenBucket::new(50.0, 20.0)?);
+//! let outcome = store.transact(&[Op::new(&limit, "user-1", 1.0)], Mode::CONSUME).await?;
+//! println!("allowed: {}", outcome.allowed);
+//! # Ok(()) }
+//! ```
+
+mod cache;
+mod config;
+mod keys;
+mod script;
+mod store;
+
+pub use config::{ConfigError, RedisConfig};
+pub use store::{NewError, RedisStats, RedisStore};

@@ -1,0 +1,571 @@
+//! [`RedisStore`]: transactions queue to a dispatcher that sends them to
+//! Redis in batches, one script call per batch (per hash slot on a Cluster),
+//! with a deadline on every call and a local cache of certain denials.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
+use redis::cluster_async::ClusterConnection;
+use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use sluice_core::algorithm;
+use sluice_core::{
+    Algorithm, Clock, Decision, Limit, Mode, Nanos, Op, Outcome, Store, StoreError, SystemClock,
+};
+use smallvec::SmallVec;
+use tokio::sync::{Semaphore, mpsc, oneshot};
+
+use crate::cache::DenyCache;
+use crate::config::{ConfigError, RedisConfig};
+use crate::keys;
+use crate::script::{self, TimeUnit, Txn, TxnReply};
+
+/// A connection to one node (reconnecting) or to a Cluster (routing).
+#[derive(Clone)]
+enum Conn {
+    Single(ConnectionManager),
+    Cluster(ClusterConnection),
+}
+
+impl ConnectionLike for Conn {
+    fn req_packed_command<'a>(&'a mut self, cmd: &'a Cmd) -> RedisFuture<'a, Value> {
+        match self {
+            Conn::Single(c) => c.req_packed_command(cmd),
+            Conn::Cluster(c) => c.req_packed_command(cmd),
+        }
+    }
+
+    fn req_packed_commands<'a>(
+        &'a mut self,
+        cmd: &'a Pipeline,
+        offset: usize,
+        count: usize,
+    ) -> RedisFuture<'a, Vec<Value>> {
+        match self {
+            Conn::Single(c) => c.req_packed_commands(cmd, offset, count),
+            Conn::Cluster(c) => c.req_packed_commands(cmd, offset, count),
+        }
+    }
+
+    fn get_db(&self) -> i64 {
+        match self {
+            Conn::Single(c) => c.get_db(),
+            Conn::Cluster(c) => c.get_db(),
+        }
+    }
+}
+
+/// Counters of what the store did, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RedisStats {
+    /// Transactions decided by Redis.
+    pub remote: u64,
+    /// Transactions denied from the local deny cache, without Redis.
+    pub local_denials: u64,
+    /// Script calls made (each carries one batch).
+    pub script_calls: u64,
+    /// Calls that failed with an error other than a timeout.
+    pub errors: u64,
+    /// Calls that missed their deadline.
+    pub timeouts: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    remote: AtomicU64,
+    local_denials: AtomicU64,
+    script_calls: AtomicU64,
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
+/// What the dispatcher and every caller share.
+struct Shared {
+    config: RedisConfig,
+    conn: Conn,
+    unit: TimeUnit,
+    clock: Arc<dyn Clock>,
+    client_time: bool,
+    cache: Option<DenyCache>,
+    counters: Counters,
+    ready: AtomicBool,
+}
+
+impl Shared {
+    fn classify(&self, e: &RedisError) -> StoreError {
+        if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
+            self.ready.store(false, Ordering::Relaxed);
+        }
+        if e.is_timeout() {
+            StoreError::Timeout
+        } else {
+            StoreError::Unavailable(e.to_string())
+        }
+    }
+
+    fn count(&self, e: &StoreError) {
+        match e {
+            StoreError::Timeout => bump(&self.counters.timeouts),
+            StoreError::Cost(_) => {}
+            _ => bump(&self.counters.errors),
+        }
+    }
+
+    /// Keys written under virtual time live at least this long in real time,
+    /// since virtual and real time need not run at the same speed.
+    fn min_ttl_ms(&self) -> u64 {
+        if self.client_time { 600_000 } else { 0 }
+    }
+}
+
+/// A queued transaction; the reply hands the transaction back with Redis's
+/// answer, so the caller needn't keep a copy.
+struct Job {
+    txn: Txn,
+    reply: oneshot::Sender<Result<(Txn, TxnReply), StoreError>>,
+}
+
+/// A [`Store`] on Redis or Redis Cluster: every server that shares it shares
+/// one exact limit.
+///
+/// Each transaction runs atomically in Redis as one Lua script (EVALSHA,
+/// reloaded on NOSCRIPT), on Redis's own clock. Concurrent transactions
+/// travel together in one script call. Keys expire when their bucket would be
+/// full again. Denials that the last reply already proves are answered
+/// locally. Every call has a deadline (50 ms by default), after which it
+/// fails with [`StoreError::Timeout`]; the caller decides whether that fails
+/// open or closed.
+///
+/// The store is created at once, even while Redis is down; it connects in the
+/// background and [`RedisStore::is_ready`] says when it answers.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
+/// use sluice_redis::{RedisConfig, RedisStore};
+/// let store = RedisStore::new(RedisConfig::from_url("redis://127.0.0.1:6379")?)?;
+/// let limit = Limit::new("api", TokenBucket::new(10.0, 20.0)?);
+/// let d = store.decide(Op::new(&limit, "user-1", 1.0), Mode::CONSUME).await?;
+/// assert!(d.allowed);
+/// # Ok(()) }
+/// ```
+pub struct RedisStore {
+    shared: Arc<Shared>,
+    jobs: mpsc::Sender<Job>,
+}
+
+/// Why a store could not be created.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum NewError {
+    /// The configuration is unusable.
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    /// The Redis client rejected the configuration.
+    #[error("cannot set up the Redis client: {0}")]
+    Client(String),
+    /// The store was created outside a Tokio runtime.
+    #[error("a RedisStore must be created inside a Tokio runtime")]
+    NoRuntime,
+}
+
+impl RedisStore {
+    /// A store on Redis time. Must be called inside a Tokio runtime; it
+    /// returns at once and connects in the background.
+    pub fn new(config: RedisConfig) -> Result<RedisStore, NewError> {
+        Self::build(config, Arc::new(SystemClock::new()), false)
+    }
+
+    /// A store on the caller's clock instead of Redis's, for virtual time
+    /// (replay) and tests with a fake clock. Every server sharing the keys
+    /// must then share the clock too.
+    ///
+    /// ```no_run
+    /// # fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// use sluice_core::FakeClock;
+    /// use sluice_redis::{RedisConfig, RedisStore};
+    /// let clock = FakeClock::default();
+    /// let store = RedisStore::with_clock(RedisConfig::from_url("redis://127.0.0.1")?, clock)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn with_clock(
+        config: RedisConfig,
+        clock: impl Clock + 'static,
+    ) -> Result<RedisStore, NewError> {
+        Self::build(config, Arc::new(clock), true)
+    }
+
+    fn build(
+        config: RedisConfig,
+        clock: Arc<dyn Clock>,
+        client_time: bool,
+    ) -> Result<RedisStore, NewError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NewError::NoRuntime)?;
+        let conn = connect(&config).map_err(|e| NewError::Client(e.to_string()))?;
+        let cache = (config.deny_cache() > 0).then(|| DenyCache::new(config.deny_cache()));
+        let in_flight = config.max_in_flight();
+        let shared = Arc::new(Shared {
+            conn,
+            unit: if client_time {
+                TimeUnit::ClientNanos
+            } else {
+                TimeUnit::RedisMicros
+            },
+            clock,
+            client_time,
+            cache,
+            counters: Counters::default(),
+            ready: AtomicBool::new(false),
+            config,
+        });
+        let (jobs, rx) = mpsc::channel(1 << 16);
+        runtime.spawn(dispatch(shared.clone(), rx, in_flight));
+        runtime.spawn(watch(Arc::downgrade(&shared)));
+        Ok(RedisStore { shared, jobs })
+    }
+
+    /// Whether Redis answered the last call (or health check).
+    pub fn is_ready(&self) -> bool {
+        self.shared.ready.load(Ordering::Relaxed)
+    }
+
+    /// Pings Redis within the deadline, updating [`RedisStore::is_ready`].
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        ping(&self.shared).await
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> RedisStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        RedisStats {
+            remote: get(&c.remote),
+            local_denials: get(&c.local_denials),
+            script_calls: get(&c.script_calls),
+            errors: get(&c.errors),
+            timeouts: get(&c.timeouts),
+        }
+    }
+
+    /// Sends one transaction to the dispatcher and waits for its reply.
+    async fn remote(&self, txn: Txn) -> Result<(Txn, TxnReply), StoreError> {
+        let shared = &self.shared;
+        let (tx, rx) = oneshot::channel();
+        let result = match self.jobs.try_send(Job { txn, reply: tx }) {
+            Err(_) => Err(StoreError::Unavailable("too many decisions queued".into())),
+            Ok(()) => match tokio::time::timeout(shared.config.timeout(), rx).await {
+                Err(_) => Err(StoreError::Timeout),
+                Ok(Err(_)) => Err(StoreError::Unavailable("the dispatcher stopped".into())),
+                Ok(Ok(r)) => r,
+            },
+        };
+        if let Err(e) = &result {
+            shared.count(e);
+        }
+        result
+    }
+
+    fn cache_fp(&self, name: &str) -> Option<(&DenyCache, u64)> {
+        let cache = self.shared.cache.as_ref()?;
+        Some((cache, cache.fingerprint(name)))
+    }
+
+    /// A certain denial from the deny cache, if every operation has a bound
+    /// and one of them proves it.
+    fn local_denial(&self, ops: &[Op<'_>], txn: &Txn, mode: Mode, now: Nanos) -> Option<Outcome> {
+        let cache = self.shared.cache.as_ref()?;
+        let mut decisions: SmallVec<[Decision; 2]> = SmallVec::new();
+        for (i, op) in ops.iter().enumerate() {
+            let alg = op.limit.shard_algorithm();
+            if op.limit.shards() > 1 || !matches!(alg, Algorithm::TokenBucket(_)) {
+                return None;
+            }
+            let fp = cache.fingerprint(&txn.keys[2 * i]);
+            match cache.deny(fp, alg, now, op.cost, mode.reserve) {
+                Some(d) => decisions.push(d),
+                // An op the bound does not deny: its decision is unknown, and
+                // the others' denial alone still decides the transaction.
+                None => {
+                    let ev = algorithm::evaluate(alg, None, 0, now, 0.0, false);
+                    decisions.push(ev.decision);
+                }
+            }
+        }
+        let outcome = Outcome::from_decisions(decisions);
+        (!outcome.allowed).then_some(outcome)
+    }
+
+    /// Updates the deny cache from a reply to a request sent at `sent`.
+    fn learn(&self, ops: &[Op<'_>], txn: &Txn, reply: &TxnReply, mode: Mode, sent: Nanos) {
+        let committed = reply.allowed && mode.consume;
+        for (i, (op, seen)) in ops.iter().zip(&reply.ops).enumerate() {
+            let alg = op.limit.shard_algorithm();
+            if op.limit.shards() > 1 || !matches!(alg, Algorithm::TokenBucket(_)) {
+                continue;
+            }
+            // A key named again in one transaction saw the earlier ops'
+            // pending writes: real if committed (then the last one is the
+            // final state, and it is learned last), fictional if not (then
+            // only the first occurrence saw what Redis holds).
+            if !committed && txn.keys[..2 * i].contains(&txn.keys[2 * i]) {
+                continue;
+            }
+            let Some((cache, fp)) = self.cache_fp(&txn.keys[2 * i]) else {
+                return;
+            };
+            let mut tokens = algorithm::current(alg, seen.state, 0, reply.now).tokens;
+            if committed {
+                tokens -= op.cost;
+            }
+            cache.learn(fp, alg, tokens, sent);
+        }
+    }
+}
+
+/// Connects lazily: nothing here waits for Redis.
+fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
+    let timeout = config.timeout();
+    if config.is_cluster() {
+        let client =
+            redis::cluster::ClusterClient::builder(config.nodes().iter().map(String::as_str))
+                .connection_timeout(timeout.max(Duration::from_millis(100)))
+                .response_timeout(timeout.max(Duration::from_millis(100)))
+                .retries(2)
+                .min_retry_wait(10)
+                .max_retry_wait(200)
+                .build()?;
+        let conn =
+            client.get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new());
+        Ok(Conn::Cluster(conn))
+    } else {
+        let node = config.nodes().first().map_or("", String::as_str);
+        let client = redis::Client::open(node)?;
+        let manager = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
+            .set_response_timeout(None)
+            .set_min_delay(Duration::from_millis(10))
+            .set_max_delay(Duration::from_millis(250))
+            .set_number_of_retries(3);
+        Ok(Conn::Single(ConnectionManager::new_lazy_with_config(
+            client, manager,
+        )?))
+    }
+}
+
+async fn ping(shared: &Shared) -> Result<(), StoreError> {
+    let mut conn = shared.conn.clone();
+    let cmd = redis::cmd("PING");
+    let r =
+        tokio::time::timeout(shared.config.timeout(), cmd.query_async::<Value>(&mut conn)).await;
+    match r {
+        Err(_) => Err(StoreError::Timeout),
+        Ok(Err(e)) => Err(shared.classify(&e)),
+        Ok(Ok(_)) => {
+            shared.ready.store(true, Ordering::Relaxed);
+            Ok(())
+        }
+    }
+}
+
+/// Pings while Redis is not answering, so readiness (and the connection)
+/// comes back without waiting for traffic.
+async fn watch(shared: Weak<Shared>) {
+    loop {
+        let Some(s) = shared.upgrade() else { return };
+        if !s.ready.load(Ordering::Relaxed) {
+            let _ = ping(&s).await;
+        }
+        drop(s);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Collects queued transactions into batches. A batch leaves as soon as a
+/// call slot is free, so under load the queue fills while calls are in
+/// flight and batches grow by themselves; when idle, a call leaves alone.
+async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: usize) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    let max = shared.config.max_batch();
+    while let Some(first) = rx.recv().await {
+        let Ok(permit) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let mut batch = vec![first];
+        while batch.len() < max {
+            match rx.try_recv() {
+                Ok(job) => batch.push(job),
+                Err(_) => break,
+            }
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            if shared.config.is_cluster() {
+                let mut by_slot: HashMap<u16, Vec<Job>> = HashMap::new();
+                for job in batch {
+                    match job.txn.slot() {
+                        Some(slot) => by_slot.entry(slot).or_default().push(job),
+                        None => {
+                            let _ = job.reply.send(Err(StoreError::Unavailable(
+                                "a transaction over keys in different Cluster slots is not \
+                                 atomic; use one key per transaction"
+                                    .into(),
+                            )));
+                        }
+                    }
+                }
+                let mut calls = tokio::task::JoinSet::new();
+                for (_, jobs) in by_slot {
+                    calls.spawn(call(shared.clone(), jobs));
+                }
+                while calls.join_next().await.is_some() {}
+            } else {
+                call(shared, batch).await;
+            }
+            drop(permit);
+        });
+    }
+}
+
+/// One script call for `jobs`, answering each.
+async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
+    let now = shared.client_time.then(|| shared.clock.now());
+    let txns: Vec<&Txn> = jobs.iter().map(|j| &j.txn).collect();
+    let expect: Vec<usize> = txns.iter().map(|t| t.keys.len() / 2).collect();
+    let inv = script::invocation(&txns, shared.unit, now, shared.min_ttl_ms());
+    drop(txns);
+    let mut conn = shared.conn.clone();
+    bump(&shared.counters.script_calls);
+    let result = match tokio::time::timeout(
+        shared.config.timeout(),
+        inv.invoke_async::<Value>(&mut conn),
+    )
+    .await
+    {
+        Err(_) => Err(StoreError::Timeout),
+        Ok(Err(e)) => Err(shared.classify(&e)),
+        Ok(Ok(v)) => script::parse_reply(v, shared.unit, &expect),
+    };
+    match result {
+        Ok(replies) => {
+            shared.ready.store(true, Ordering::Relaxed);
+            for (job, reply) in jobs.into_iter().zip(replies) {
+                let _ = job.reply.send(Ok((job.txn, reply)));
+            }
+        }
+        Err(e) => {
+            for job in jobs {
+                let _ = job.reply.send(Err(e.clone()));
+            }
+        }
+    }
+}
+
+impl Store for RedisStore {
+    async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
+        for op in ops {
+            op.validate(mode.reserve)?;
+        }
+        let shared = &self.shared;
+        let txn = Txn::encode(shared.config.prefix(), ops, mode, shared.unit)?;
+        let sent = shared.clock.now();
+        if let Some(outcome) = self.local_denial(ops, &txn, mode, sent) {
+            bump(&shared.counters.local_denials);
+            return Ok(outcome);
+        }
+        let (txn, reply_txn) = self.remote(txn).await?;
+        bump(&shared.counters.remote);
+        let decisions: SmallVec<[Decision; 2]> = ops
+            .iter()
+            .zip(&reply_txn.ops)
+            .zip(&txn.offsets)
+            .map(|((op, seen), &offset)| {
+                let alg = op.limit.shard_algorithm();
+                algorithm::evaluate(
+                    alg,
+                    seen.state,
+                    offset,
+                    reply_txn.now,
+                    op.cost,
+                    mode.reserve,
+                )
+                .decision
+            })
+            .collect();
+        if decisions.len() != ops.len() {
+            return Err(StoreError::Unavailable("reply is missing decisions".into()));
+        }
+        let mut outcome = Outcome::from_decisions(decisions);
+        if outcome.allowed != reply_txn.allowed {
+            // Redis's verdict is what was committed; report it.
+            tracing::error!(
+                script = reply_txn.allowed,
+                local = outcome.allowed,
+                "the Redis script and sluice-core disagree on a decision"
+            );
+            outcome.allowed = reply_txn.allowed;
+        }
+        self.learn(ops, &txn, &reply_txn, mode, sent);
+        Ok(outcome)
+    }
+
+    async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
+        let shared = &self.shared;
+        let names: Vec<String> = (0..limit.shards())
+            .map(|s| {
+                let shard = (limit.shards() > 1).then_some(s);
+                keys::state_key(shared.config.prefix(), key, limit.name(), shard)
+            })
+            .collect();
+        let forget = |now: Nanos| {
+            for n in &names {
+                if let Some((cache, fp)) = self.cache_fp(n) {
+                    cache.forget(fp, now);
+                }
+            }
+        };
+        forget(shared.clock.now());
+        let mut conn = shared.conn.clone();
+        let mut cmd = redis::cmd("DEL");
+        for n in &names {
+            cmd.arg(n);
+        }
+        let r = tokio::time::timeout(shared.config.timeout(), cmd.query_async::<Value>(&mut conn))
+            .await;
+        let r = match r {
+            Err(_) => Err(StoreError::Timeout),
+            Ok(Err(e)) => Err(shared.classify(&e)),
+            Ok(Ok(_)) => Ok(()),
+        };
+        // Replies to requests sent before the DEL finished may describe the
+        // state before it; from now on none are learned.
+        forget(shared.clock.now());
+        if let Err(e) = &r {
+            shared.count(e);
+        }
+        r
+    }
+
+    async fn value(&self, limit: &Limit, key: &str) -> Result<sluice_core::Value, StoreError> {
+        let shared = &self.shared;
+        let txn = Txn::value(shared.config.prefix(), limit, key, shared.unit)?;
+        let (txn, reply) = self.remote(txn).await?;
+        let alg = limit.shard_algorithm();
+        let parts: Vec<sluice_core::Value> = reply
+            .ops
+            .iter()
+            .zip(&txn.offsets)
+            .map(|(seen, &offset)| algorithm::current(alg, seen.state, offset, reply.now))
+            .collect();
+        Ok(sluice_core::Value {
+            tokens: parts.iter().map(|v| v.tokens).sum(),
+            ts: parts.iter().map(|v| v.ts).max().unwrap_or(reply.now),
+        })
+    }
+}

@@ -1,0 +1,39 @@
+//! The store conformance suite (the same one the in-memory store passes) on a
+//! real redis-server and on a real 3-master Redis Cluster, through the
+//! `Store` trait, on a fake clock.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use sluice_core::{FakeClock, Nanos, conformance};
+use sluice_redis::{RedisConfig, RedisStore};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn single_redis_conforms() {
+    let server = support::RedisServer::start();
+    let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
+    let config = RedisConfig::from_url(&server.url()).unwrap();
+    let store = RedisStore::with_clock(config, clock.clone()).unwrap();
+    conformance::run_all(&store, &clock).await;
+    assert_eq!(store.stats().errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_cluster_conforms() {
+    let cluster = support::RedisCluster::start(3);
+    let seeds: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let url = format!("redis+cluster://{}", seeds.join(","));
+    let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
+    // A cluster's first calls also discover its slots.
+    let config = RedisConfig::from_url(&url)
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(2));
+    let store = RedisStore::with_clock(config, clock.clone()).unwrap();
+    conformance::run_all(&store, &clock).await;
+    assert_eq!(store.stats().errors, 0);
+}

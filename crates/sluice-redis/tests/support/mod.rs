@@ -1,0 +1,512 @@
+//! Real `redis-server` processes for integration tests: single servers and
+//! small clusters on free loopback ports, each in its own temporary directory.
+
+// Not every test crate uses every helper; `pub` marks the harness API even
+// though the module is private to each test crate; helpers fail loudly.
+#![allow(dead_code, unreachable_pub, clippy::panic)]
+
+use std::fs::{File, OpenOptions};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long one server may take to answer PING after being spawned.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many fresh ports `start` tries when redis-server cannot bind one.
+const START_ATTEMPTS: usize = 5;
+/// How long a cluster may take to be created and report `cluster_state:ok`.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+/// The pause between readiness polls.
+const POLL: Duration = Duration::from_millis(15);
+/// Connect timeout of [`command`].
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// Read and write timeout of [`command`].
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The name of each server's log file inside its temporary directory.
+const LOG_FILE: &str = "redis.log";
+
+/// Returns a loopback port that was free a moment ago (bind port 0, read it,
+/// release it). Another process may take it before it is used again.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap_or_else(|e| panic!("cannot bind 127.0.0.1:0 to find a free port: {e}"));
+    listener
+        .local_addr()
+        .unwrap_or_else(|e| panic!("cannot read the port bound on 127.0.0.1:0: {e}"))
+        .port()
+}
+
+/// Sends one command as a RESP array to `127.0.0.1:port` on a fresh
+/// connection and returns the whole raw reply (e.g. `"+PONG\r\n"`, or
+/// `"$5\r\nhello\r\n"`). Error replies (`-ERR ...`) are returned as text, not
+/// as `Err`. Connecting, reading and writing all time out, so it never hangs.
+pub fn command(port: u16, args: &[&str]) -> io::Result<String> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, CONNECT_TIMEOUT)?;
+    stream.set_read_timeout(Some(IO_TIMEOUT))?;
+    stream.set_write_timeout(Some(IO_TIMEOUT))?;
+    stream.set_nodelay(true)?;
+
+    let mut request = format!("*{}\r\n", args.len()).into_bytes();
+    for arg in args {
+        request.extend_from_slice(format!("${}\r\n", arg.len()).as_bytes());
+        request.extend_from_slice(arg.as_bytes());
+        request.extend_from_slice(b"\r\n");
+    }
+    stream.write_all(&request)?;
+
+    let mut reader = BufReader::new(stream);
+    let mut reply = Vec::new();
+    read_reply(&mut reader, &mut reply)?;
+    Ok(String::from_utf8_lossy(&reply).into_owned())
+}
+
+/// Reads one complete RESP2 reply, appending its raw bytes to `out`.
+fn read_reply(reader: &mut impl BufRead, out: &mut Vec<u8>) -> io::Result<()> {
+    let start = out.len();
+    if reader.read_until(b'\n', out)? == 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            "connection closed before a reply",
+        ));
+    }
+    let line = &out[start..];
+    let kind = line[0];
+    let length = || -> io::Result<i64> {
+        std::str::from_utf8(&line[1..])
+            .ok()
+            .and_then(|s| s.trim_end().parse().ok())
+            .ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidData,
+                    format!("bad RESP length line {:?}", String::from_utf8_lossy(line)),
+                )
+            })
+    };
+    match kind {
+        b'+' | b'-' | b':' => Ok(()),
+        b'$' => {
+            let n = length()?;
+            if n >= 0 {
+                // The payload and its trailing CRLF.
+                let len = usize::try_from(n).unwrap_or(0) + 2;
+                let mut payload = vec![0; len];
+                reader.read_exact(&mut payload)?;
+                out.extend_from_slice(&payload);
+            }
+            Ok(())
+        }
+        b'*' => {
+            for _ in 0..length()?.max(0) {
+                read_reply(reader, out)?;
+            }
+            Ok(())
+        }
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("unexpected RESP reply {:?}", String::from_utf8_lossy(line)),
+        )),
+    }
+}
+
+/// True when the server on `port` answers PING with PONG.
+pub fn pings(port: u16) -> bool {
+    command(port, &["PING"]).is_ok_and(|reply| reply.starts_with("+PONG"))
+}
+
+/// Spawns `program`, panicking with a pointer to `scripts/test` when it is not
+/// installed.
+fn spawn(command: &mut Command, program: &str) -> Child {
+    command.spawn().unwrap_or_else(|e| {
+        if e.kind() == io::ErrorKind::NotFound {
+            panic!(
+                "`{program}` is not on PATH; run `scripts/test`, which installs redis-server \
+                 (and redis-cli), or install it yourself"
+            )
+        }
+        panic!("cannot spawn `{program}`: {e}")
+    })
+}
+
+/// Kills a child (SIGKILL) and reaps it, ignoring an already-exited child.
+fn kill_and_wait(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+/// What became of a freshly spawned server.
+enum Startup {
+    /// It answers PING, and it is our process that answers.
+    Ready,
+    /// It exited, most likely because it could not bind its port.
+    Exited,
+    /// Another process answers on the port, so ours cannot have bound it.
+    PortTaken,
+    /// The deadline passed with the process alive but not answering.
+    TimedOut,
+}
+
+/// Polls until the server `child` on `port` answers PING, exits or the
+/// deadline passes.
+fn wait_ready(child: &mut Child, port: u16, deadline: Instant) -> Startup {
+    loop {
+        if !matches!(child.try_wait(), Ok(None)) {
+            return Startup::Exited;
+        }
+        if pings(port) {
+            // Make sure the PONG came from our process and not from another
+            // server that won the race for this port.
+            let info = command(port, &["INFO", "server"]).unwrap_or_default();
+            let ours = format!("process_id:{}\r\n", child.id());
+            if info.contains(&ours) {
+                return Startup::Ready;
+            }
+            if info.contains("process_id:") {
+                return Startup::PortTaken;
+            }
+            // No INFO yet (e.g. still loading): poll again.
+        }
+        if Instant::now() >= deadline {
+            return Startup::TimedOut;
+        }
+        thread::sleep(POLL);
+    }
+}
+
+/// A `redis-server` child process listening on a free `127.0.0.1` port, with
+/// its own temporary directory, no persistence, and its output in a log file
+/// there. Dropping it kills the process.
+pub struct RedisServer {
+    child: Option<Child>,
+    port: u16,
+    args: Vec<String>,
+    dir: TempDir,
+}
+
+impl RedisServer {
+    /// Starts a server on a free port and waits until it answers PING.
+    /// Panics, with the server log, if it cannot within about 10 seconds.
+    pub fn start() -> RedisServer {
+        RedisServer::start_with(&[])
+    }
+
+    /// Like [`RedisServer::start`], with extra `redis-server` arguments
+    /// appended (e.g. `&["--maxmemory", "10mb"]`).
+    pub fn start_with(args: &[&str]) -> RedisServer {
+        RedisServer::launch(args, false)
+    }
+
+    /// Starts a server in cluster mode (not yet part of any cluster), with its
+    /// cluster bus on a second free port.
+    fn cluster_node() -> RedisServer {
+        RedisServer::launch(
+            &[
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                "2000",
+            ],
+            true,
+        )
+    }
+
+    /// Spawns until a server is up, with a new port (and directory) whenever
+    /// redis-server exits early because another process took its port.
+    fn launch(extra: &[&str], cluster_bus: bool) -> RedisServer {
+        let mut last_log = String::new();
+        for _ in 0..START_ATTEMPTS {
+            let dir = tempfile::Builder::new()
+                .prefix("sluice-redis-")
+                .tempdir()
+                .unwrap_or_else(|e| panic!("cannot create a temporary directory: {e}"));
+            let port = free_port();
+            let mut args = vec![
+                "--port".to_owned(),
+                port.to_string(),
+                "--bind".to_owned(),
+                "127.0.0.1".to_owned(),
+                "--dir".to_owned(),
+                dir.path().display().to_string(),
+                "--save".to_owned(),
+                String::new(),
+                "--appendonly".to_owned(),
+                "no".to_owned(),
+                "--daemonize".to_owned(),
+                "no".to_owned(),
+            ];
+            if cluster_bus {
+                // The default bus port, port + 10000, may not exist or be free.
+                let bus = loop {
+                    let bus = free_port();
+                    if bus != port {
+                        break bus;
+                    }
+                };
+                args.extend(["--cluster-port".to_owned(), bus.to_string()]);
+            }
+            args.extend(extra.iter().map(|&a| a.to_owned()));
+
+            let mut server = RedisServer {
+                child: None,
+                port,
+                args,
+                dir,
+            };
+            let mut child = server.spawn();
+            match wait_ready(&mut child, port, Instant::now() + START_TIMEOUT) {
+                Startup::Ready => {
+                    server.child = Some(child);
+                    return server;
+                }
+                Startup::Exited | Startup::PortTaken => {
+                    kill_and_wait(&mut child);
+                    last_log = server.log();
+                }
+                Startup::TimedOut => {
+                    kill_and_wait(&mut child);
+                    panic!(
+                        "redis-server on port {port} did not answer PING within {START_TIMEOUT:?}; \
+                         its log:\n{}",
+                        server.log()
+                    );
+                }
+            }
+        }
+        panic!(
+            "redis-server could not start in {START_ATTEMPTS} attempts on fresh ports (it \
+             exited, or another process held its port); the last log:\n{last_log}"
+        )
+    }
+
+    /// Spawns redis-server with this server's arguments, appending its output
+    /// to the log file.
+    fn spawn(&self) -> Child {
+        let log = OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.log_path())
+            .unwrap_or_else(|e| panic!("cannot open {}: {e}", self.log_path().display()));
+        let stderr = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot clone a log file handle: {e}"));
+        spawn(
+            Command::new("redis-server")
+                .args(&self.args)
+                .current_dir(self.dir.path())
+                .stdin(Stdio::null())
+                .stdout(log)
+                .stderr(stderr),
+            "redis-server",
+        )
+    }
+
+    /// The port the server listens on (the same after [`RedisServer::restart`]).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The connection URL, `redis://127.0.0.1:PORT/`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The server's temporary working directory (`--dir`).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// The path of the server's log file (its stdout and stderr).
+    pub fn log_path(&self) -> PathBuf {
+        self.dir.path().join(LOG_FILE)
+    }
+
+    /// Everything the server has logged so far, across restarts.
+    pub fn log(&self) -> String {
+        let mut text = String::new();
+        match File::open(self.log_path()) {
+            Ok(mut file) => {
+                let mut bytes = Vec::new();
+                let _ = file.read_to_end(&mut bytes);
+                text.push_str(&String::from_utf8_lossy(&bytes));
+            }
+            Err(e) => text.push_str(&format!("<no log: {e}>")),
+        }
+        text
+    }
+
+    /// True while the process is alive (neither killed nor exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    /// Kills the process with SIGKILL and waits for it to exit, so the port
+    /// stops answering at once. Does nothing if it is not running.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            kill_and_wait(&mut child);
+        }
+    }
+
+    /// Starts the server again (killing it first if it runs) with the same
+    /// port, directory and arguments, and waits until it answers PING.
+    /// Panics, with the log, if it cannot within about 10 seconds.
+    pub fn restart(&mut self) {
+        self.kill();
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            let mut child = self.spawn();
+            match wait_ready(&mut child, self.port, deadline) {
+                Startup::Ready => {
+                    self.child = Some(child);
+                    return;
+                }
+                Startup::Exited | Startup::PortTaken if Instant::now() < deadline => {
+                    // The old socket or another process still holds the port.
+                    kill_and_wait(&mut child);
+                    thread::sleep(Duration::from_millis(50));
+                }
+                _ => {
+                    kill_and_wait(&mut child);
+                    panic!(
+                        "redis-server did not come back on port {} within {START_TIMEOUT:?}; \
+                         its log:\n{}",
+                        self.port,
+                        self.log()
+                    );
+                }
+            }
+        }
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A Redis Cluster of masters only (no replicas), each a [`RedisServer`],
+/// covering all 16384 slots. Dropping it kills every node.
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// The usual number of masters in tests.
+    pub const DEFAULT_MASTERS: usize = 3;
+
+    /// Starts `masters` (at least 3) cluster-enabled servers, joins them with
+    /// `redis-cli --cluster create`, and waits until every node reports
+    /// `cluster_state:ok`, knows all the others, and sees all slots assigned.
+    pub fn start(masters: usize) -> RedisCluster {
+        assert!(
+            masters >= 3,
+            "redis-cli --cluster create needs at least 3 masters, not {masters}"
+        );
+        let nodes: Vec<RedisServer> = (0..masters).map(|_| RedisServer::cluster_node()).collect();
+        let cluster = RedisCluster { nodes };
+        cluster.create();
+        cluster.wait_healthy();
+        cluster
+    }
+
+    /// Runs `redis-cli --cluster create` over all nodes, with a deadline.
+    fn create(&self) {
+        let log_path = self.nodes[0].dir().join("cluster-create.log");
+        let log = File::create(&log_path)
+            .unwrap_or_else(|e| panic!("cannot create {}: {e}", log_path.display()));
+        let stderr = log
+            .try_clone()
+            .unwrap_or_else(|e| panic!("cannot clone a log file handle: {e}"));
+        let mut cli = Command::new("redis-cli");
+        cli.arg("--cluster").arg("create");
+        cli.args(self.ports().iter().map(|p| format!("127.0.0.1:{p}")));
+        cli.args(["--cluster-replicas", "0", "--cluster-yes"]);
+        cli.stdin(Stdio::null()).stdout(log).stderr(stderr);
+        let mut child = spawn(&mut cli, "redis-cli");
+
+        let output = || std::fs::read_to_string(&log_path).unwrap_or_default();
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            match child.try_wait() {
+                Ok(Some(status)) if status.success() => return,
+                Ok(Some(status)) => {
+                    panic!(
+                        "redis-cli --cluster create failed ({status}):\n{}",
+                        output()
+                    )
+                }
+                Ok(None) if Instant::now() < deadline => thread::sleep(POLL),
+                Ok(None) => {
+                    kill_and_wait(&mut child);
+                    panic!(
+                        "redis-cli --cluster create did not finish within {CLUSTER_TIMEOUT:?}:\n{}",
+                        output()
+                    )
+                }
+                Err(e) => panic!("cannot wait for redis-cli: {e}"),
+            }
+        }
+    }
+
+    /// Polls `CLUSTER INFO` on every node until each reports
+    /// `cluster_state:ok`, all slots assigned and all nodes known (e.g. after
+    /// restarting a node). Panics with every node's report after 30 seconds.
+    pub fn wait_healthy(&self) {
+        let want_nodes = format!("cluster_known_nodes:{}\r\n", self.nodes.len());
+        let healthy = |info: &str| {
+            info.contains("cluster_state:ok\r\n")
+                && info.contains("cluster_slots_assigned:16384\r\n")
+                && info.contains(&want_nodes)
+        };
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let infos: Vec<String> = self
+                .ports()
+                .into_iter()
+                .map(|p| command(p, &["CLUSTER", "INFO"]).unwrap_or_else(|e| e.to_string()))
+                .collect();
+            if infos.iter().all(|info| healthy(info)) {
+                return;
+            }
+            if Instant::now() >= deadline {
+                let report: Vec<String> = self
+                    .ports()
+                    .iter()
+                    .zip(&infos)
+                    .map(|(port, info)| format!("node {port}:\n{info}"))
+                    .collect();
+                panic!(
+                    "the cluster was not healthy within {CLUSTER_TIMEOUT:?}:\n{}",
+                    report.join("\n")
+                );
+            }
+            thread::sleep(POLL);
+        }
+    }
+
+    /// The connection URLs of all nodes, `redis://127.0.0.1:PORT/`.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The client ports of all nodes.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(RedisServer::port).collect()
+    }
+
+    /// The nodes themselves, e.g. to kill or restart one.
+    pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
+        &mut self.nodes
+    }
+}
