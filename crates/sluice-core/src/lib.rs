@@ -18,5 +18,5 @@ mod time;
 pub use config::{Algorithm, ConfigError, FixedWindow, Limit, TokenBucket};
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;
-pub use store::{CostError, Mode, Op, Store, StoreError};
+pub use store::{CostError, Mode, OnError, Op, Store, StoreError};
 pub use time::{Clock, FakeClock, Nanos, SystemClock};

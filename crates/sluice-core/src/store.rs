@@ -226,3 +226,44 @@ pub trait Store: Send + Sync {
         }
     }
 }
+
+/// What a rule does when its store fails or misses its deadline.
+///
+/// ```
+/// use sluice_core::{Limit, Op, OnError, TokenBucket};
+/// let limit = Limit::new("api", TokenBucket::new(1.0, 5.0).unwrap());
+/// let ops = [Op::new(&limit, "k", 1.0)];
+/// assert!(OnError::Open.outcome(&ops).allowed);
+/// let closed = OnError::Closed.outcome(&ops);
+/// assert!(!closed.allowed);
+/// assert_eq!(closed.decisions[0].limit, 5.0);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum OnError {
+    /// Allow the request: availability over enforcement.
+    #[default]
+    Open,
+    /// Deny the request: enforcement over availability.
+    Closed,
+}
+
+impl OnError {
+    /// The outcome to report for `ops` when the store could not decide. The
+    /// state is unknown, so `remaining` is 0 and there is no retry time.
+    pub fn outcome(self, ops: &[Op<'_>]) -> Outcome {
+        let allowed = self == OnError::Open;
+        Outcome {
+            allowed,
+            decisions: ops
+                .iter()
+                .map(|op| Decision {
+                    allowed,
+                    limit: op.limit.algorithm().capacity(),
+                    remaining: 0,
+                    retry_after: None,
+                    reset: 0.0,
+                })
+                .collect(),
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! The Redis store on a real redis-server, on Redis's own clock: keys expire
+//! when their bucket is full again, every key has a TTL, a killed Redis
+//! gives prompt fail-open or fail-closed answers, and decisions resume soon
+//! after it returns.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sluice_core::{Limit, Mode, OnError, Op, Store, TokenBucket};
+use sluice_redis::{RedisConfig, RedisStore};
+use support::{RedisServer, command};
+
+fn store(server: &RedisServer) -> RedisStore {
+    RedisStore::new(RedisConfig::from_url(&server.url()).unwrap()).unwrap()
+}
+
+fn int_reply(reply: &str) -> i64 {
+    reply.trim().trim_start_matches(':').parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_expire_when_full_again_and_always_have_a_ttl() {
+    let server = RedisServer::start();
+    let store = store(&server);
+    // 2 tokens a second, burst 10: 4 taken refill in 2 s.
+    let limit = Limit::new("ttl", TokenBucket::new(2.0, 10.0).unwrap());
+    let d = store
+        .decide(Op::new(&limit, "u1", 4.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    let pttl = int_reply(&command(server.port(), &["PTTL", "sluice:{u1}:ttl"]).unwrap());
+    assert!(
+        (1_900..=2_002).contains(&pttl),
+        "PTTL {pttl} ms, refill takes 2000 ms"
+    );
+
+    // A reservation deep below zero lives until it is paid back and refilled.
+    let deep = Limit::new("deep", TokenBucket::new(1.0, 5.0).unwrap());
+    let d = store
+        .decide(Op::new(&deep, "u1", 15.0), Mode::RESERVE)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    let pttl = int_reply(&command(server.port(), &["PTTL", "sluice:{u1}:deep"]).unwrap());
+    assert!(
+        (14_900..=15_002).contains(&pttl),
+        "PTTL {pttl} ms, refill takes 15 s"
+    );
+
+    // A check writes nothing; a bucket that is full again is not held.
+    let d = store
+        .decide(Op::new(&limit, "u2", 1.0), Mode::CHECK)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    let exists = command(server.port(), &["EXISTS", "sluice:{u2}:ttl"]).unwrap();
+    assert_eq!(int_reply(&exists), 0);
+
+    // Many keys, several limits and a transaction: none without a TTL.
+    let other = Limit::new("other", TokenBucket::new(0.1, 3.0).unwrap());
+    for i in 0..50 {
+        let key = format!("k{i}");
+        let ops = [Op::new(&limit, &key, 1.0), Op::new(&other, &key, 2.0)];
+        assert!(store.transact(&ops, Mode::CONSUME).await.unwrap().allowed);
+    }
+    let keys = command(server.port(), &["KEYS", "sluice:*"]).unwrap();
+    let names: Vec<&str> = keys.lines().filter(|l| l.starts_with("sluice:")).collect();
+    assert!(names.len() >= 100, "{} keys", names.len());
+    for name in names {
+        let pttl = int_reply(&command(server.port(), &["PTTL", name]).unwrap());
+        assert!(pttl > 0, "{name} has PTTL {pttl}");
+    }
+}
+
+/// One caller in a loop until `until`, answering failures with `on_error`.
+/// Returns (answers, failures, allowed answers, slowest answer).
+async fn load(
+    store: &RedisStore,
+    limit: &Limit,
+    on_error: OnError,
+    until: Instant,
+) -> (u64, u64, u64, Duration) {
+    let mut answers = 0;
+    let mut failures = 0;
+    let mut allowed = 0;
+    let mut slowest = Duration::ZERO;
+    while Instant::now() < until {
+        let key = format!("k{}", answers % 64);
+        let ops = [Op::new(limit, &key, 1.0)];
+        let started = Instant::now();
+        let outcome = match store.transact(&ops, Mode::CONSUME).await {
+            Ok(o) => o,
+            Err(_) => {
+                failures += 1;
+                on_error.outcome(&ops)
+            }
+        };
+        slowest = slowest.max(started.elapsed());
+        answers += 1;
+        allowed += u64::from(outcome.allowed);
+    }
+    (answers, failures, allowed, slowest)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
+    let mut server = RedisServer::start();
+    let store = std::sync::Arc::new(store(&server));
+    let limit = Limit::new("fault", TokenBucket::new(1_000.0, 1_000.0).unwrap());
+    store.ping().await.unwrap();
+    assert!(store.is_ready());
+    let timeout = RedisConfig::from_url(&server.url()).unwrap().timeout();
+
+    for on_error in [OnError::Open, OnError::Closed] {
+        // Callers run throughout; Redis dies under them.
+        let until = Instant::now() + Duration::from_millis(1_500);
+        let callers: Vec<_> = (0..8)
+            .map(|_| {
+                let (store, limit) = (store.clone(), limit.clone());
+                tokio::spawn(async move { load(&store, &limit, on_error, until).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        server.kill();
+        let (mut failures, mut answers, mut allowed) = (0, 0, 0);
+        for c in callers {
+            let (n, failed, ok, slowest) = c.await.unwrap();
+            answers += n;
+            allowed += ok;
+            assert!(
+                slowest <= timeout + Duration::from_millis(10),
+                "{on_error:?}: an answer took {slowest:?}, deadline {timeout:?}"
+            );
+            failures += failed;
+        }
+        assert!(failures > 0, "{on_error:?}: no call saw Redis down");
+        // The limit is far above the load, so only the failure mode denies.
+        match on_error {
+            OnError::Open => assert_eq!(allowed, answers),
+            OnError::Closed => assert_eq!(allowed, answers - failures),
+        }
+        assert!(!store.is_ready());
+
+        server.restart();
+        let back = Instant::now();
+        loop {
+            let ops = [Op::new(&limit, "after", 1.0)];
+            if store.transact(&ops, Mode::CONSUME).await.is_ok() {
+                break;
+            }
+            assert!(
+                back.elapsed() < Duration::from_secs(1),
+                "decisions did not resume within 1 s of Redis returning"
+            );
+            tokio::task::yield_now().await;
+        }
+        assert!(store.is_ready());
+    }
+    let stats = store.stats();
+    assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_starts_while_redis_is_down_and_becomes_ready() {
+    let mut server = RedisServer::start();
+    server.kill();
+    let store = store(&server);
+    let limit = Limit::new("late", TokenBucket::new(1.0, 1.0).unwrap());
+    let started = Instant::now();
+    let r = store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await;
+    assert!(r.is_err());
+    assert!(started.elapsed() <= Duration::from_millis(60));
+    assert!(!store.is_ready());
+    server.restart();
+    let back = Instant::now();
+    while !store.is_ready() {
+        assert!(
+            back.elapsed() < Duration::from_secs(1),
+            "not ready 1 s after Redis returned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let d = store
+        .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+}
