@@ -24,8 +24,10 @@
 //! Every task calls in a loop for a warm-up of 0.5 s and then for the measured
 //! duration, 3 s (`SLUICE_BENCH_SECS` overrides it). Calls that start in the
 //! measured window count: the report has decisions per second, the p50 and
-//! p99 latency of single calls, the allowed share, errors, the throughput
-//! ratio sluice/naive per scenario, and the store's counters over the window.
+//! p99 latency of single calls, the allowed share, errors, the CPU time per
+//! decision of redis-server (`INFO cpu`) and of this process (Linux
+//! `/proc/self/task/*/schedstat`) over the window, the throughput ratio
+//! sluice/naive per scenario, and the store's counters over the window.
 //!
 //! Run it with `cargo bench -p sluice-redis --bench store`. Without `--bench`
 //! on its command line (as under `cargo test --benches`) it makes a short
@@ -123,25 +125,21 @@ struct Workload {
     hot: Bucket,
     /// The share of calls that go to a hot key.
     hot_share: f64,
+    /// The throughput ratio sluice/naive the store aims for here.
+    target: f64,
 }
 
 impl Workload {
-    fn mixed() -> Workload {
+    /// The `mixed` scenario (`hot_share` 0) or the `abuse` scenario.
+    fn new(name: &'static str, hot_share: f64, target: f64) -> Workload {
         Workload {
-            name: "mixed",
-            hot_share: 0.0,
-            ..Workload::abuse()
-        }
-    }
-
-    fn abuse() -> Workload {
-        Workload {
-            name: "abuse",
+            name,
             normal_keys: (0..NORMAL_KEYS).map(|i| format!("user:{i:08}")).collect(),
             normal: Bucket::new("api", 100.0, 100.0),
             hot_keys: (0..HOT_KEYS).map(|i| format!("abuser:{i:08}")).collect(),
             hot: Bucket::new("abuse", 1.0, 1.0),
-            hot_share: HOT_SHARE,
+            hot_share,
+            target,
         }
     }
 
@@ -271,6 +269,7 @@ async fn worker(
 /// One row of the report.
 struct Row {
     scenario: &'static str,
+    target: f64,
     side: Side,
     per_sec: f64,
     p50_us: u32,
@@ -278,8 +277,41 @@ struct Row {
     allowed: u64,
     denied: u64,
     errors: u64,
+    /// redis-server CPU per decision in the measured window, in µs.
+    server_us: Option<f64>,
+    /// This process's CPU per decision in the measured window, in µs.
+    client_us: Option<f64>,
     /// The store's counters over the measured window (sluice only).
     stats: Option<RedisStats>,
+}
+
+/// redis-server's CPU time so far (user + system, all threads), from `INFO`.
+fn server_cpu(port: u16) -> Option<Duration> {
+    let info = support::command(port, &["INFO", "cpu"]).ok()?;
+    let field = |name: &str| -> Option<f64> {
+        info.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    let secs = field("used_cpu_user")? + field("used_cpu_sys")?;
+    Some(Duration::from_secs_f64(secs))
+}
+
+/// This process's CPU time so far, summed over its threads from
+/// `/proc/self/task/*/schedstat` (Linux; `None` elsewhere).
+fn client_cpu() -> Option<Duration> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let stat = std::fs::read_to_string(task.ok()?.path().join("schedstat")).ok()?;
+        ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+    }
+    Some(Duration::from_nanos(ns))
+}
+
+/// `to - from` in microseconds per decision, if both were measured.
+fn cpu_per_decision(from: Option<Duration>, to: Option<Duration>, decisions: u64) -> Option<f64> {
+    let (from, to) = (from?, to?);
+    (decisions > 0).then(|| to.saturating_sub(from).as_secs_f64() * 1e6 / decisions as f64)
 }
 
 /// The nearest-rank percentile `p` (0 to 100) of sorted values.
@@ -302,7 +334,7 @@ fn stats_delta(before: RedisStats, after: RedisStats) -> RedisStats {
     d
 }
 
-/// Runs `work` for one side against the server on `port`, from an empty
+/// Runs `work` for one side against `server`, from an empty
 /// database.
 async fn run(
     server: &support::RedisServer,
@@ -353,23 +385,29 @@ async fn run(
 
     tokio::time::sleep_until(measure_from.into()).await;
     let stats_from = store.as_ref().map(|s| s.stats());
+    let (server_from, client_from) = (server_cpu(server.port()), client_cpu());
     tokio::time::sleep_until(end.into()).await;
     let stats_to = store.as_ref().map(|s| s.stats());
+    let (server_to, client_to) = (server_cpu(server.port()), client_cpu());
 
     let mut tally = Tally::default();
     for task in tasks {
         tally.merge(task.await.unwrap());
     }
     tally.latencies_us.sort_unstable();
+    let calls = tally.allowed + tally.denied + tally.errors;
     Row {
         scenario: work.name,
+        target: work.target,
         side,
-        per_sec: (tally.allowed + tally.denied + tally.errors) as f64 / measure.as_secs_f64(),
+        per_sec: calls as f64 / measure.as_secs_f64(),
         p50_us: percentile(&tally.latencies_us, 50),
         p99_us: percentile(&tally.latencies_us, 99),
         allowed: tally.allowed,
         denied: tally.denied,
         errors: tally.errors,
+        server_us: cpu_per_decision(server_from, server_to, calls),
+        client_us: cpu_per_decision(client_from, client_to, calls),
         stats: stats_from.zip(stats_to).map(|(a, b)| stats_delta(a, b)),
     }
 }
@@ -390,24 +428,37 @@ fn measured_window() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
+/// A CPU cost column: µs per decision, or `-` when unmeasured.
+fn cpu(us: Option<f64>) -> String {
+    us.map_or_else(|| "-".to_owned(), |us| format!("{us:.2}"))
+}
+
+impl Row {
+    /// The share of decisions that were allowed, in percent.
+    fn allowed_pct(&self) -> f64 {
+        let decided = self.allowed + self.denied;
+        if decided == 0 {
+            0.0
+        } else {
+            100.0 * self.allowed as f64 / decided as f64
+        }
+    }
+}
+
 fn print_row(row: &Row) {
-    let decided = row.allowed + row.denied;
-    let allowed_pct = if decided == 0 {
-        0.0
-    } else {
-        100.0 * row.allowed as f64 / decided as f64
-    };
     println!(
-        "{:<8} {:<7} {:>12.0} {:>8} {:>8} {:>9.1} {:>10} {:>10} {:>7}",
+        "{:<8} {:<7} {:>12.0} {:>7} {:>7} {:>9.1} {:>10} {:>10} {:>7} {:>9} {:>9}",
         row.scenario,
         row.side.name(),
         row.per_sec,
         row.p50_us,
         row.p99_us,
-        allowed_pct,
+        row.allowed_pct(),
         row.allowed,
         row.denied,
         row.errors,
+        cpu(row.server_us),
+        cpu(row.client_us),
     );
 }
 
@@ -429,7 +480,7 @@ fn main() {
     );
     println!();
     println!(
-        "{:<8} {:<7} {:>12} {:>8} {:>8} {:>9} {:>10} {:>10} {:>7}",
+        "{:<8} {:<7} {:>12} {:>7} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9} {:>9}",
         "scenario",
         "side",
         "decisions/s",
@@ -438,11 +489,16 @@ fn main() {
         "allowed%",
         "allowed",
         "denied",
-        "errors"
+        "errors",
+        "srv µs/d",
+        "cli µs/d",
     );
 
     let mut summary = Vec::new();
-    for work in [Workload::mixed(), Workload::abuse()] {
+    for work in [
+        Workload::new("mixed", 0.0, 3.0),
+        Workload::new("abuse", HOT_SHARE, 10.0),
+    ] {
         let work = Arc::new(work);
         let naive = runtime.block_on(run(&server, &work, Side::Naive, measure));
         print_row(&naive);
@@ -459,9 +515,19 @@ fn main() {
             f64::NAN
         };
         println!(
-            "{}: ratio sluice/naive = {ratio:.2}× (decisions/s)",
-            sluice.scenario
+            "{}: ratio sluice/naive = {ratio:.2}× (decisions/s; target ≥ {}×)",
+            sluice.scenario, sluice.target
         );
+        // Both sides enforce the same limits, so they should allow about as
+        // much; a gap means one of them is not limiting what it should.
+        let gap = (sluice.allowed_pct() - naive.allowed_pct()).abs();
+        if gap > 2.0 {
+            println!(
+                "  warning: the allowed shares differ by {gap:.1} points ({:.1}% vs {:.1}%)",
+                naive.allowed_pct(),
+                sluice.allowed_pct()
+            );
+        }
     }
     println!();
     for (_, sluice) in &summary {

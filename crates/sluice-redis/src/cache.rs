@@ -46,8 +46,9 @@ impl DenyCache {
         }
     }
 
-    pub(crate) fn fingerprint(&self, name: &str) -> u64 {
-        self.hasher.hash_one(name)
+    /// The fingerprint of one key (shard 0 when unsharded) of one limit.
+    pub(crate) fn fingerprint(&self, limit: &str, key: &str, shard: u32) -> u64 {
+        self.hasher.hash_one((limit, key, shard))
     }
 
     fn slot(&self, fp: u64) -> &Mutex<Slot> {
@@ -105,7 +106,7 @@ mod tests {
     fn denies_only_what_the_bound_proves() {
         let tb = Algorithm::from(TokenBucket::new(1.0, 10.0).unwrap());
         let c = DenyCache::new(8);
-        let fp = c.fingerprint("k");
+        let fp = c.fingerprint("l", "k", 0);
         assert_eq!(c.deny(fp, &tb, Nanos(0), 1.0, false), None);
         // 0.5 tokens when Redis answered a request sent at t = 0.
         c.learn(fp, &tb, 0.5, Nanos(0));

@@ -272,22 +272,23 @@ impl RedisStore {
         result
     }
 
-    fn cache_fp(&self, name: &str) -> Option<(&DenyCache, u64)> {
+    fn cache_fp(&self, limit: &Limit, key: &str, shard: u32) -> Option<(&DenyCache, u64)> {
         let cache = self.shared.cache.as_ref()?;
-        Some((cache, cache.fingerprint(name)))
+        Some((cache, cache.fingerprint(limit.name(), key, shard)))
     }
 
     /// A certain denial from the deny cache, if every operation has a bound
     /// and one of them proves it.
-    fn local_denial(&self, ops: &[Op<'_>], txn: &Txn, mode: Mode, now: Nanos) -> Option<Outcome> {
+    /// Runs before anything is encoded: under abuse this is the whole call.
+    fn local_denial(&self, ops: &[Op<'_>], mode: Mode, now: Nanos) -> Option<Outcome> {
         let cache = self.shared.cache.as_ref()?;
         let mut decisions: SmallVec<[Decision; 2]> = SmallVec::new();
-        for (i, op) in ops.iter().enumerate() {
+        for op in ops {
             let alg = op.limit.shard_algorithm();
             if op.limit.shards() > 1 || !matches!(alg, Algorithm::TokenBucket(_)) {
                 return None;
             }
-            let fp = cache.fingerprint(&txn.keys[2 * i]);
+            let fp = cache.fingerprint(op.limit.name(), op.key, 0);
             match cache.deny(fp, alg, now, op.cost, mode.reserve) {
                 Some(d) => decisions.push(d),
                 // An op the bound does not deny: its decision is unknown, and
@@ -317,7 +318,7 @@ impl RedisStore {
             if !committed && txn.keys[..2 * i].contains(&txn.keys[2 * i]) {
                 continue;
             }
-            let Some((cache, fp)) = self.cache_fp(&txn.keys[2 * i]) else {
+            let Some((cache, fp)) = self.cache_fp(op.limit, op.key, 0) else {
                 return;
             };
             let mut tokens = algorithm::current(alg, seen.state, 0, reply.now).tokens;
@@ -473,12 +474,12 @@ impl Store for RedisStore {
             op.validate(mode.reserve)?;
         }
         let shared = &self.shared;
-        let txn = Txn::encode(shared.config.prefix(), ops, mode, shared.unit)?;
         let sent = shared.clock.now();
-        if let Some(outcome) = self.local_denial(ops, &txn, mode, sent) {
+        if let Some(outcome) = self.local_denial(ops, mode, sent) {
             bump(&shared.counters.local_denials);
             return Ok(outcome);
         }
+        let txn = Txn::encode(shared.config.prefix(), ops, mode, shared.unit)?;
         let (txn, reply_txn) = self.remote(txn).await?;
         bump(&shared.counters.remote);
         let decisions: SmallVec<[Decision; 2]> = ops
@@ -524,8 +525,8 @@ impl Store for RedisStore {
             })
             .collect();
         let forget = |now: Nanos| {
-            for n in &names {
-                if let Some((cache, fp)) = self.cache_fp(n) {
+            for s in 0..limit.shards() {
+                if let Some((cache, fp)) = self.cache_fp(limit, key, s) {
                     cache.forget(fp, now);
                 }
             }
