@@ -23,7 +23,7 @@ use std::time::Duration;
 
 use crate::algorithm::{State, evaluate, key_offset};
 use crate::{
-    Algorithm, CostError, Decision, FakeClock, FixedWindow, Limit, Mode, Nanos, Op, Store,
+    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, Mode, Nanos, Op, Store,
     StoreError, TokenBucket,
 };
 
@@ -150,14 +150,14 @@ pub async fn reservations_up_to_max_reserved<St: Store>(store: &St, clock: &Fake
 
 /// Fixed windows reset at the boundary, not before.
 pub async fn fixed_window_boundaries<St: Store>(store: &St, clock: &FakeClock) {
-    let base = clock_now(clock);
+    let base = clock.now();
     let start = Nanos(base.0 - base.0.rem_euclid(10 * S));
     let fw = FixedWindow::new(3.0, Nanos(10 * S))
         .unwrap()
         .with_start(start);
     let l = Limit::new("conf-window", fw);
     // Move to the next window's start, then 9.999 s into it.
-    let into = clock_now(clock).0 - start.0;
+    let into = clock.now().0 - start.0;
     step(clock, 10 * S - into);
     step(clock, 9_999_000_000);
     for _ in 0..3 {
@@ -172,10 +172,6 @@ pub async fn fixed_window_boundaries<St: Store>(store: &St, clock: &FakeClock) {
         assert!(one(store, &l, "k", 1.0, Mode::CONSUME).await.allowed);
     }
     assert!(!one(store, &l, "k", 1.0, Mode::CONSUME).await.allowed);
-}
-
-fn clock_now(clock: &FakeClock) -> Nanos {
-    crate::Clock::now(clock)
 }
 
 /// A denial anywhere denies the whole transaction and consumes nothing; the
@@ -221,7 +217,7 @@ pub async fn reset_and_value<St: Store>(store: &St, clock: &FakeClock) {
     step(clock, S / 2);
     let v = store.value(&l, "k").await.unwrap();
     assert_eq!(v.tokens, 0.5);
-    assert_eq!(v.ts, clock_now(clock));
+    assert_eq!(v.ts, clock.now());
     store.reset(&l, "k").await.unwrap();
     assert_eq!(store.value(&l, "k").await.unwrap().tokens, 4.0);
     assert!(one(store, &l, "k", 4.0, Mode::CONSUME).await.allowed);
@@ -255,7 +251,7 @@ pub async fn backward_clock_credits_nothing<St: Store>(store: &St, clock: &FakeC
     let l = Limit::new("conf-backward", tb(1.0, 2.0));
     step(clock, 10 * S);
     assert!(one(store, &l, "k", 2.0, Mode::CONSUME).await.allowed);
-    let later = clock_now(clock);
+    let later = clock.now();
     clock.set(Nanos(later.0 - 5 * S));
     assert!(!one(store, &l, "k", 1.0, Mode::CONSUME).await.allowed);
     clock.set(Nanos(later.0 + S / 2));
@@ -317,7 +313,7 @@ pub async fn agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeC
         let mode = [Mode::CONSUME, Mode::CHECK, Mode::RESERVE][rng.usize(..3)];
         let cost = [1.0, 0.5, 2.0, 3.25][rng.usize(..4)];
         let alg = *l.shard_algorithm();
-        let now = clock_now(clock);
+        let now = clock.now();
         let want = evaluate(
             &alg,
             model.get(&(li, k)).copied(),

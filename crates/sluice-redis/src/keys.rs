@@ -2,6 +2,8 @@
 //! make the caller's key the Cluster hash tag, so every limit and shard of one
 //! key lives in one slot and a transaction over them is one script call.
 
+use sluice_core::Limit;
+
 /// The Redis key holding `shard` of `key` under the limit `limit`.
 ///
 /// `\` and `}` in the key are escaped, so that the tag ends where the key ends
@@ -24,6 +26,13 @@ pub(crate) fn state_key(prefix: &str, key: &str, limit: &str, shard: Option<u32>
         out.push_str(&s.to_string());
     }
     out
+}
+
+/// The Redis key of `shard` of `key` under `limit`: unsharded limits have
+/// no shard suffix.
+pub(crate) fn shard_key(prefix: &str, limit: &Limit, key: &str, shard: u32) -> String {
+    let shard = (limit.shards() > 1).then_some(shard);
+    state_key(prefix, key, limit.name(), shard)
 }
 
 /// The Cluster slot of a key name, per the Cluster specification.

@@ -104,12 +104,8 @@ impl Txn {
     ) -> Result<(), StoreError> {
         let u = unit.ns();
         let alg = limit.shard_algorithm();
-        let name = |s: u32| {
-            let shard = (limit.shards() > 1).then_some(s);
-            keys::state_key(prefix, key, limit.name(), shard)
-        };
-        self.keys.push(name(a));
-        self.keys.push(name(b));
+        self.keys.push(keys::shard_key(prefix, limit, key, a));
+        self.keys.push(keys::shard_key(prefix, limit, key, b));
         let mr = |m: Option<f64>| m.map_or_else(|| "-1".to_owned(), |m| m.to_string());
         match alg {
             Algorithm::TokenBucket(tb) => {

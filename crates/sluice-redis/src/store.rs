@@ -110,6 +110,18 @@ impl Shared {
         }
     }
 
+    /// Awaits `call` within the deadline, mapping a miss and Redis errors.
+    async fn within<T>(
+        &self,
+        call: impl Future<Output = Result<T, RedisError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.config.timeout(), call).await {
+            Err(_) => Err(StoreError::Timeout),
+            Ok(Err(e)) => Err(self.classify(&e)),
+            Ok(Ok(v)) => Ok(v),
+        }
+    }
+
     fn count(&self, e: &StoreError) {
         match e {
             StoreError::Timeout => bump(&self.counters.timeouts),
@@ -272,24 +284,36 @@ impl RedisStore {
         result
     }
 
-    fn cache_fp(&self, limit: &Limit, key: &str, shard: u32) -> Option<(&DenyCache, u64)> {
+    /// The deny-cache fingerprint of every operation (`None` for one outside
+    /// the cache: only unsharded token buckets have a bound that only grows
+    /// with time), or nothing when the cache is off.
+    fn cache_fps(&self, ops: &[Op<'_>]) -> Option<(&DenyCache, SmallVec<[Option<u64>; 2]>)> {
         let cache = self.shared.cache.as_ref()?;
-        Some((cache, cache.fingerprint(limit.name(), key, shard)))
+        let fps = ops
+            .iter()
+            .map(|op| {
+                let bounded = op.limit.shards() == 1
+                    && matches!(op.limit.shard_algorithm(), Algorithm::TokenBucket(_));
+                bounded.then(|| cache.fingerprint(op.limit.name(), op.key, 0))
+            })
+            .collect();
+        Some((cache, fps))
     }
 
-    /// A certain denial from the deny cache, if every operation has a bound
-    /// and one of them proves it.
-    /// Runs before anything is encoded: under abuse this is the whole call.
-    fn local_denial(&self, ops: &[Op<'_>], mode: Mode, now: Nanos) -> Option<Outcome> {
-        let cache = self.shared.cache.as_ref()?;
+    /// A certain denial from the deny cache, if every operation is in the
+    /// cache and one's bound proves it. Runs before anything is encoded:
+    /// under abuse this is the whole call.
+    fn local_denial(
+        cache: &DenyCache,
+        fps: &[Option<u64>],
+        ops: &[Op<'_>],
+        mode: Mode,
+        now: Nanos,
+    ) -> Option<Outcome> {
         let mut decisions: SmallVec<[Decision; 2]> = SmallVec::new();
-        for op in ops {
+        for (op, &fp) in ops.iter().zip(fps) {
             let alg = op.limit.shard_algorithm();
-            if op.limit.shards() > 1 || !matches!(alg, Algorithm::TokenBucket(_)) {
-                return None;
-            }
-            let fp = cache.fingerprint(op.limit.name(), op.key, 0);
-            match cache.deny(fp, alg, now, op.cost, mode.reserve) {
+            match cache.deny(fp?, alg, now, op.cost, mode.reserve) {
                 Some(d) => decisions.push(d),
                 // An op the bound does not deny: its decision is unknown, and
                 // the others' denial alone still decides the transaction.
@@ -304,23 +328,25 @@ impl RedisStore {
     }
 
     /// Updates the deny cache from a reply to a request sent at `sent`.
-    fn learn(&self, ops: &[Op<'_>], txn: &Txn, reply: &TxnReply, mode: Mode, sent: Nanos) {
+    fn learn(
+        cache: &DenyCache,
+        fps: &[Option<u64>],
+        ops: &[Op<'_>],
+        reply: &TxnReply,
+        mode: Mode,
+        sent: Nanos,
+    ) {
         let committed = reply.allowed && mode.consume;
         for (i, (op, seen)) in ops.iter().zip(&reply.ops).enumerate() {
+            let Some(fp) = fps[i] else { continue };
             let alg = op.limit.shard_algorithm();
-            if op.limit.shards() > 1 || !matches!(alg, Algorithm::TokenBucket(_)) {
-                continue;
-            }
             // A key named again in one transaction saw the earlier ops'
             // pending writes: real if committed (then the last one is the
             // final state, and it is learned last), fictional if not (then
             // only the first occurrence saw what Redis holds).
-            if !committed && txn.keys[..2 * i].contains(&txn.keys[2 * i]) {
+            if !committed && fps[..i].contains(&Some(fp)) {
                 continue;
             }
-            let Some((cache, fp)) = self.cache_fp(op.limit, op.key, 0) else {
-                return;
-            };
             let mut tokens = algorithm::current(alg, seen.state, 0, reply.now).tokens;
             if committed {
                 tokens -= op.cost;
@@ -363,16 +389,9 @@ fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
 async fn ping(shared: &Shared) -> Result<(), StoreError> {
     let mut conn = shared.conn.clone();
     let cmd = redis::cmd("PING");
-    let r =
-        tokio::time::timeout(shared.config.timeout(), cmd.query_async::<Value>(&mut conn)).await;
-    match r {
-        Err(_) => Err(StoreError::Timeout),
-        Ok(Err(e)) => Err(shared.classify(&e)),
-        Ok(Ok(_)) => {
-            shared.ready.store(true, Ordering::Relaxed);
-            Ok(())
-        }
-    }
+    shared.within(cmd.query_async::<Value>(&mut conn)).await?;
+    shared.ready.store(true, Ordering::Relaxed);
+    Ok(())
 }
 
 /// Pings while Redis is not answering, so readiness (and the connection)
@@ -437,22 +456,17 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
 /// One script call for `jobs`, answering each.
 async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
     let now = shared.client_time.then(|| shared.clock.now());
-    let txns: Vec<&Txn> = jobs.iter().map(|j| &j.txn).collect();
-    let expect: Vec<usize> = txns.iter().map(|t| t.keys.len() / 2).collect();
-    let inv = script::invocation(&txns, shared.unit, now, shared.min_ttl_ms());
-    drop(txns);
+    let expect: Vec<usize> = jobs.iter().map(|j| j.txn.keys.len() / 2).collect();
+    let inv = {
+        let txns: Vec<&Txn> = jobs.iter().map(|j| &j.txn).collect();
+        script::invocation(&txns, shared.unit, now, shared.min_ttl_ms())
+    };
     let mut conn = shared.conn.clone();
     bump(&shared.counters.script_calls);
-    let result = match tokio::time::timeout(
-        shared.config.timeout(),
-        inv.invoke_async::<Value>(&mut conn),
-    )
-    .await
-    {
-        Err(_) => Err(StoreError::Timeout),
-        Ok(Err(e)) => Err(shared.classify(&e)),
-        Ok(Ok(v)) => script::parse_reply(v, shared.unit, &expect),
-    };
+    let result = shared
+        .within(inv.invoke_async::<Value>(&mut conn))
+        .await
+        .and_then(|v| script::parse_reply(v, shared.unit, &expect));
     match result {
         Ok(replies) => {
             shared.ready.store(true, Ordering::Relaxed);
@@ -475,7 +489,10 @@ impl Store for RedisStore {
         }
         let shared = &self.shared;
         let sent = shared.clock.now();
-        if let Some(outcome) = self.local_denial(ops, mode, sent) {
+        let cached = self.cache_fps(ops);
+        if let Some((cache, fps)) = &cached
+            && let Some(outcome) = Self::local_denial(cache, fps, ops, mode, sent)
+        {
             bump(&shared.counters.local_denials);
             return Ok(outcome);
         }
@@ -499,9 +516,6 @@ impl Store for RedisStore {
                 .decision
             })
             .collect();
-        if decisions.len() != ops.len() {
-            return Err(StoreError::Unavailable("reply is missing decisions".into()));
-        }
         let mut outcome = Outcome::from_decisions(decisions);
         if outcome.allowed != reply_txn.allowed {
             // Redis's verdict is what was committed; report it.
@@ -512,38 +526,30 @@ impl Store for RedisStore {
             );
             outcome.allowed = reply_txn.allowed;
         }
-        self.learn(ops, &txn, &reply_txn, mode, sent);
+        if let Some((cache, fps)) = &cached {
+            Self::learn(cache, fps, ops, &reply_txn, mode, sent);
+        }
         Ok(outcome)
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
         let shared = &self.shared;
-        let names: Vec<String> = (0..limit.shards())
-            .map(|s| {
-                let shard = (limit.shards() > 1).then_some(s);
-                keys::state_key(shared.config.prefix(), key, limit.name(), shard)
-            })
-            .collect();
+        // Only shard 0 of an unsharded limit is ever cached.
         let forget = |now: Nanos| {
-            for s in 0..limit.shards() {
-                if let Some((cache, fp)) = self.cache_fp(limit, key, s) {
-                    cache.forget(fp, now);
-                }
+            if let Some(cache) = &shared.cache {
+                cache.forget(cache.fingerprint(limit.name(), key, 0), now);
             }
         };
         forget(shared.clock.now());
         let mut conn = shared.conn.clone();
         let mut cmd = redis::cmd("DEL");
-        for n in &names {
-            cmd.arg(n);
+        for s in 0..limit.shards() {
+            cmd.arg(keys::shard_key(shared.config.prefix(), limit, key, s));
         }
-        let r = tokio::time::timeout(shared.config.timeout(), cmd.query_async::<Value>(&mut conn))
-            .await;
-        let r = match r {
-            Err(_) => Err(StoreError::Timeout),
-            Ok(Err(e)) => Err(shared.classify(&e)),
-            Ok(Ok(_)) => Ok(()),
-        };
+        let r = shared
+            .within(cmd.query_async::<Value>(&mut conn))
+            .await
+            .map(drop);
         // Replies to requests sent before the DEL finished may describe the
         // state before it; from now on none are learned.
         forget(shared.clock.now());

@@ -7,6 +7,8 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use sluice_core::{Limit, Mode, OnError, Op, Store, TokenBucket};
@@ -76,19 +78,36 @@ async fn keys_expire_when_full_again_and_always_have_a_ttl() {
     }
 }
 
-/// One caller in a loop until `until`, answering failures with `on_error`.
-/// Returns (answers, failures, allowed answers, slowest answer).
+/// What the callers have done so far, and when to stop.
+#[derive(Default)]
+struct Progress {
+    answers: AtomicU64,
+    failures: AtomicU64,
+    stop: AtomicBool,
+}
+
+impl Progress {
+    /// Waits (polling) until `counter` reaches `n`.
+    async fn reach(counter: &AtomicU64, n: u64) {
+        while counter.load(Ordering::Relaxed) < n {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+}
+
+/// One caller in a loop until told to stop, answering failures with
+/// `on_error`. Returns (answers, failures, allowed answers, slowest answer).
 async fn load(
     store: &RedisStore,
     limit: &Limit,
     on_error: OnError,
-    until: Instant,
+    progress: &Progress,
 ) -> (u64, u64, u64, Duration) {
     let mut answers = 0;
     let mut failures = 0;
     let mut allowed = 0;
     let mut slowest = Duration::ZERO;
-    while Instant::now() < until {
+    while !progress.stop.load(Ordering::Relaxed) {
         let key = format!("k{}", answers % 64);
         let ops = [Op::new(limit, &key, 1.0)];
         let started = Instant::now();
@@ -96,11 +115,13 @@ async fn load(
             Ok(o) => o,
             Err(_) => {
                 failures += 1;
+                progress.failures.fetch_add(1, Ordering::Relaxed);
                 on_error.outcome(&ops)
             }
         };
         slowest = slowest.max(started.elapsed());
         answers += 1;
+        progress.answers.fetch_add(1, Ordering::Relaxed);
         allowed += u64::from(outcome.allowed);
     }
     (answers, failures, allowed, slowest)
@@ -109,23 +130,26 @@ async fn load(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     let mut server = RedisServer::start();
-    let store = std::sync::Arc::new(store(&server));
+    let store = Arc::new(store(&server));
     let limit = Limit::new("fault", TokenBucket::new(1_000.0, 1_000.0).unwrap());
     store.ping().await.unwrap();
     assert!(store.is_ready());
     let timeout = RedisConfig::from_url(&server.url()).unwrap().timeout();
 
     for on_error in [OnError::Open, OnError::Closed] {
-        // Callers run throughout; Redis dies under them.
-        let until = Instant::now() + Duration::from_millis(1_500);
+        // Callers run throughout; Redis dies under them once they are busy,
+        // and they stop once every one of them has likely met the outage.
+        let progress = Arc::new(Progress::default());
         let callers: Vec<_> = (0..8)
             .map(|_| {
-                let (store, limit) = (store.clone(), limit.clone());
-                tokio::spawn(async move { load(&store, &limit, on_error, until).await })
+                let (store, limit, progress) = (store.clone(), limit.clone(), progress.clone());
+                tokio::spawn(async move { load(&store, &limit, on_error, &progress).await })
             })
             .collect();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+        Progress::reach(&progress.answers, 200).await;
         server.kill();
+        Progress::reach(&progress.failures, 64).await;
+        progress.stop.store(true, Ordering::Relaxed);
         let (mut failures, mut answers, mut allowed) = (0, 0, 0);
         for c in callers {
             let (n, failed, ok, slowest) = c.await.unwrap();
