@@ -151,6 +151,37 @@ fn crossing_transactions_neither_deadlock_nor_tear() {
     assert!(allowed >= 300);
 }
 
+#[test]
+fn single_calls_and_transactions_racing_on_a_hot_key_lose_nothing() {
+    // Single calls on one key take its lock-free hot slot; transactions on
+    // the same key move it back to the table under the lock. Every token
+    // taken must be accounted for, by whichever path took it.
+    let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
+    let a = Limit::new("a", TokenBucket::new(1e-6, 3_000.0).unwrap());
+    let b = Limit::new("b", TokenBucket::new(1e-6, 3_000.0).unwrap());
+    let (singles, txns): (usize, usize) = std::thread::scope(|s| {
+        let single = || (0..1_500).filter(|_| take(&store, &a, "hot")).count();
+        let txn = || {
+            (0..1_000)
+                .filter(|_| {
+                    let ops = [Op::new(&a, "hot", 1.0), Op::new(&b, "hot", 1.0)];
+                    store.transact_now(&ops, Mode::CONSUME).unwrap().allowed
+                })
+                .count()
+        };
+        let hs = [s.spawn(single), s.spawn(single)];
+        let t = s.spawn(txn);
+        (
+            hs.into_iter().map(|h| h.join().unwrap()).sum(),
+            t.join().unwrap(),
+        )
+    });
+    let spent = |l: &Limit| 3_000.0 - store.value_now(l, "hot").tokens;
+    assert_eq!(singles + txns, 3_000);
+    assert!((spent(&a) - 3_000.0).abs() < 1e-6);
+    assert!((spent(&b) - txns as f64).abs() < 1e-6);
+}
+
 /// One step of the store-versus-model run.
 #[derive(Debug, Clone)]
 enum Step {
@@ -169,6 +200,22 @@ enum Step {
     Raise {
         limit: usize,
     },
+    /// Both limits on one key, as one transaction.
+    Both {
+        key: usize,
+        cost: f64,
+    },
+    Value {
+        limit: usize,
+        key: usize,
+    },
+}
+
+/// Mostly three keys, so that steps interact; sometimes one of hundreds, so
+/// that keys take turns in the hot slots.
+fn key() -> impl proptest::strategy::Strategy<Value = usize> {
+    use proptest::prelude::*;
+    prop_oneof![4 => 0..3usize, 1 => 0..400usize]
 }
 
 fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
@@ -176,7 +223,7 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
     let call = (
         prop_oneof![Just(0i64), 0..Nanos::PER_SEC, 0..10 * Nanos::PER_SEC],
         0..2usize,
-        0..3usize,
+        key(),
         prop_oneof![Just(1.0), 0.0..4.0f64],
         0..3usize,
     )
@@ -189,68 +236,164 @@ fn steps() -> impl proptest::strategy::Strategy<Value = Vec<Step>> {
         });
     let step = prop_oneof![
         8 => call,
-        1 => (0..2usize, 0..3usize).prop_map(|(limit, key)| Step::Reset { limit, key }),
+        1 => (0..2usize, key()).prop_map(|(limit, key)| Step::Reset { limit, key }),
         1 => (0..2usize).prop_map(|limit| Step::Raise { limit }),
+        1 => (key(), 0.0..3.0f64).prop_map(|(key, cost)| Step::Both { key, cost }),
+        1 => (0..2usize, key()).prop_map(|(limit, key)| Step::Value { limit, key }),
     ];
     prop::collection::vec(step, 1..200)
 }
 
-proptest::proptest! {
-    /// The store, with its lock-free mirror of denied keys, decides exactly
-    /// what the pure algorithm decides on a plain map of states, through
-    /// denials, checks, reservations, resets and configuration changes.
-    #[test]
-    fn store_decides_exactly_what_the_pure_algorithm_decides(steps in steps()) {
-        use std::collections::HashMap;
-        use sluice_core::{Algorithm, Clock, FixedWindow, algorithm::{State, evaluate}};
+/// Drives `store` and the pure `evaluate` on a plain map through `steps`,
+/// and fails at the first decision, value or count where they differ.
+fn agrees_with_the_pure_algorithm(
+    store: &MemoryStore<FakeClock>,
+    steps: Vec<Step>,
+) -> Result<(), proptest::test_runner::TestCaseError> {
+    use proptest::prop_assert_eq;
+    use sluice_core::algorithm::{State, current, evaluate};
+    use sluice_core::{Algorithm, Clock, FixedWindow, Outcome};
+    use std::collections::HashMap;
 
-        let clock = FakeClock::new(Nanos::ZERO);
-        let store = MemoryStore::with_clock(clock.clone());
-        let algs = |burst: f64| -> [Algorithm; 2] {
-            [
-                TokenBucket::new(2.0, burst).unwrap().with_max_reserved(2.0).unwrap().into(),
-                FixedWindow::new(burst, Nanos(3 * Nanos::PER_SEC))
-                    .unwrap()
-                    .with_start(Nanos::ZERO)
-                    .with_max_reserved(2.0)
-                    .unwrap()
-                    .into(),
-            ]
+    let clock = store.clock().clone();
+    let algs = |burst: f64| -> [Algorithm; 2] {
+        [
+            TokenBucket::new(2.0, burst)
+                .unwrap()
+                .with_max_reserved(2.0)
+                .unwrap()
+                .into(),
+            FixedWindow::new(burst, Nanos(3 * Nanos::PER_SEC))
+                .unwrap()
+                .with_start(Nanos::ZERO)
+                .with_max_reserved(2.0)
+                .unwrap()
+                .into(),
+        ]
+    };
+    let mut limits: Vec<Limit> = algs(4.0)
+        .into_iter()
+        .enumerate()
+        .map(|(i, a)| Limit::new(format!("l{i}"), a))
+        .collect();
+    let mut model: HashMap<(usize, usize), State> = HashMap::new();
+    // The keys last written short of full: the ones the store must hold,
+    // since it forgets a bucket written full.
+    let mut short = std::collections::HashSet::new();
+    let mut write =
+        |model: &mut HashMap<(usize, usize), State>, l: &[Limit], at: (usize, usize), st: State| {
+            if st.tokens >= l[at.0].shard_algorithm().capacity() {
+                short.remove(&at);
+            } else {
+                short.insert(at);
+            }
+            model.insert(at, st);
         };
-        let mut limits: Vec<Limit> = algs(4.0)
-            .into_iter()
-            .enumerate()
-            .map(|(i, a)| Limit::new(format!("l{i}"), a))
-            .collect();
-        let mut model: HashMap<(usize, usize), State> = HashMap::new();
-        for step in steps {
-            match step {
-                Step::Call { dt, limit, key, cost, mode } => {
-                    clock.advance(Duration::from_nanos(dt.unsigned_abs()));
-                    let mode = [Mode::CONSUME, Mode::CHECK, Mode::RESERVE][mode];
-                    let l = &limits[limit];
-                    let alg = *l.shard_algorithm();
-                    if cost > alg.max_cost(mode.reserve) {
-                        continue;
-                    }
-                    let want = evaluate(&alg, model.get(&(limit, key)).copied(), 0, clock.now(), cost, mode.reserve);
-                    let got = store
-                        .decide_now(Op::new(l, &format!("k{key}"), cost), mode)
-                        .unwrap();
-                    proptest::prop_assert_eq!(got, want.decision);
-                    if let (Some(next), true) = (want.next, mode.consume) {
-                        model.insert((limit, key), next);
-                    }
+    let mut raised = false;
+    for step in steps {
+        match step {
+            Step::Call {
+                dt,
+                limit,
+                key,
+                cost,
+                mode,
+            } => {
+                clock.advance(Duration::from_nanos(dt.unsigned_abs()));
+                let mode = [Mode::CONSUME, Mode::CHECK, Mode::RESERVE][mode];
+                let l = &limits[limit];
+                let alg = *l.shard_algorithm();
+                if cost > alg.max_cost(mode.reserve) {
+                    continue;
                 }
-                Step::Reset { limit, key } => {
-                    store.reset_now(&limits[limit], &format!("k{key}"));
-                    model.remove(&(limit, key));
-                }
-                Step::Raise { limit } => {
-                    let burst = limits[limit].shard_algorithm().capacity() + 3.0;
-                    limits[limit] = Limit::new(format!("l{limit}"), algs(burst)[limit]);
+                let held = model.get(&(limit, key)).copied();
+                let want = evaluate(&alg, held, 0, clock.now(), cost, mode.reserve);
+                let got = store
+                    .decide_now(Op::new(l, &format!("k{key}"), cost), mode)
+                    .unwrap();
+                prop_assert_eq!(got, want.decision);
+                if let (Some(next), true) = (want.next, mode.consume) {
+                    write(&mut model, &limits, (limit, key), next);
                 }
             }
+            Step::Both { key, cost } => {
+                let name = format!("k{key}");
+                let ops = [
+                    Op::new(&limits[0], &name, cost),
+                    Op::new(&limits[1], &name, cost),
+                ];
+                let evs: Vec<_> = (0..2)
+                    .map(|l| {
+                        let alg = *limits[l].shard_algorithm();
+                        let held = model.get(&(l, key)).copied();
+                        evaluate(&alg, held, 0, clock.now(), cost, false)
+                    })
+                    .collect();
+                let want = Outcome::from_decisions(evs.iter().map(|e| e.decision).collect());
+                let got = store.transact_now(&ops, Mode::CONSUME).unwrap();
+                prop_assert_eq!(got.allowed, want.allowed);
+                prop_assert_eq!(&got.decisions[..], &want.decisions[..]);
+                if want.allowed {
+                    for (l, ev) in evs.iter().enumerate() {
+                        if let Some(next) = ev.next {
+                            write(&mut model, &limits, (l, key), next);
+                        }
+                    }
+                }
+            }
+            Step::Value { limit, key } => {
+                let alg = *limits[limit].shard_algorithm();
+                let held = model.get(&(limit, key)).copied();
+                let want = current(&alg, held, 0, clock.now());
+                let got = store.value_now(&limits[limit], &format!("k{key}"));
+                prop_assert_eq!(got.tokens, want.tokens);
+            }
+            Step::Reset { limit, key } => {
+                store.reset_now(&limits[limit], &format!("k{key}"));
+                model.remove(&(limit, key));
+                write(
+                    &mut model,
+                    &limits,
+                    (limit, key),
+                    State {
+                        tokens: f64::INFINITY,
+                        ts: Nanos::ZERO,
+                    },
+                );
+                model.remove(&(limit, key));
+            }
+            Step::Raise { limit } => {
+                raised = true;
+                let burst = limits[limit].shard_algorithm().capacity() + 3.0;
+                limits[limit] = Limit::new(format!("l{limit}"), algs(burst)[limit]);
+            }
         }
+    }
+    // The store holds exactly the keys last written short of full. (After
+    // a raise, a bucket that filled up refills to the new burst only once
+    // it is dropped, and the store drops lazily; so no count then.)
+    if !raised {
+        prop_assert_eq!(store.len(), short.len());
+    }
+    Ok(())
+}
+
+proptest::proptest! {
+    /// The store, with hot keys in lock-free slots (the denied ones), decides
+    /// exactly what the pure algorithm decides on a plain map of states,
+    /// through denials, checks, reservations, transactions, values, resets
+    /// and configuration changes.
+    #[test]
+    fn store_decides_exactly_what_the_pure_algorithm_decides(steps in steps()) {
+        let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
+        agrees_with_the_pure_algorithm(&store, steps)?;
+    }
+
+    /// The same, with every written key in a hot slot: the lock-free commit
+    /// path, and keys moving between slots and tables, agree too.
+    #[test]
+    fn hot_slots_decide_exactly_what_the_pure_algorithm_decides(steps in steps()) {
+        let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO)).with_all_keys_hot();
+        agrees_with_the_pure_algorithm(&store, steps)?;
     }
 }

@@ -20,10 +20,10 @@ use crate::decision::{Decision, Outcome, Value};
 use crate::store::{Mode, Op, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
 
-mod hints;
+mod hot;
 mod slots;
 
-use hints::Hints;
+use hot::{Held, Hot};
 use slots::{Entry, Probe, Slots, nonzero};
 
 /// Entries a shard may hold before its first sweep for full buckets.
@@ -73,6 +73,12 @@ impl Table {
     /// [`Table::put`] where the key has already been looked up.
     fn put_at(&mut self, probe: Probe, fp: u64, s: State) -> isize {
         let full = s.tokens >= self.alg().capacity();
+        self.put_as(probe, fp, s, full)
+    }
+
+    /// Stores `s`, or forgets the key when `full` says `s` is full under
+    /// the configuration that wrote it.
+    fn put_as(&mut self, probe: Probe, fp: u64, s: State, full: bool) -> isize {
         match probe {
             Probe::Found(i) if full => {
                 self.entries.remove_at(i);
@@ -132,14 +138,14 @@ impl Shard {
         self.len = self.len.saturating_add_signed(delta);
     }
 
+    /// Whether [`Shard::maintain`] has work to do.
+    fn due(&self, cap: usize) -> bool {
+        self.len >= self.next_sweep.max(MIN_SWEEP) || self.len > cap
+    }
+
     /// Drops full buckets every time the shard doubles, and enforces the key
     /// cap by dropping the buckets nearest to full: they hold the least.
-    /// Returns whether it dropped anything.
-    fn maintain(&mut self, now: Nanos, cap: usize) -> bool {
-        if self.len < self.next_sweep.max(MIN_SWEEP) && self.len <= cap {
-            return false;
-        }
-        let before = self.len;
+    fn maintain(&mut self, now: Nanos, cap: usize) {
         for t in &mut self.tables {
             let alg = t.alg();
             t.entries
@@ -150,7 +156,17 @@ impl Shard {
             self.evict_nearest_full(cap - cap / 8);
         }
         self.next_sweep = (self.len * 2).max(MIN_SWEEP);
-        self.len != before
+    }
+
+    /// Puts a key that left its hot slot back into its table.
+    fn write_back(&mut self, held: Held) {
+        if held.dirty
+            && let Some(t) = self.tables.get_mut(held.table)
+        {
+            let probe = t.entries.find(held.fp);
+            let delta = t.put_as(probe, held.fp, held.state, held.full);
+            self.apply(delta);
+        }
     }
 
     fn recount(&mut self) {
@@ -192,23 +208,45 @@ impl Shard {
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// One shard: its lock, and the lock-free mirror of its most denied keys.
+/// One shard: its lock, and the lock-free slots of its hottest keys.
 #[derive(Default)]
 struct Lane {
     lock: Mutex<Shard>,
-    hints: Hints,
+    hot: Hot,
 }
 
 impl Lane {
-    /// Runs [`Shard::maintain`] and forgets the mirrors if entries went.
+    /// Runs [`Shard::maintain`] when it is due, on a table that holds every
+    /// key's latest state: the sweep judges entries by their states.
     fn maintain(&self, shard: &mut Shard, now: Nanos, cap: usize) {
-        if shard.maintain(now, cap) {
-            self.hints.clear();
+        if shard.due(cap) {
+            self.flush(shard);
+            shard.maintain(now, cap);
+        }
+    }
+
+    /// Moves every hot key back into its table.
+    fn flush(&self, shard: &mut Shard) {
+        self.hot.drain(|held| shard.write_back(held));
+    }
+
+    /// Moves `tag` back into its table if a slot holds it.
+    fn cool(&self, shard: &mut Shard, tag: u64) {
+        if let Some(held) = self.hot.take(tag) {
+            shard.write_back(held);
+        }
+    }
+
+    /// Gives `tag` a hot slot, writing back the key it displaces.
+    fn heat(&self, shard: &mut Shard, tag: u64, at: (u64, usize), state: State) {
+        let cap = shard.tables[at.1].alg().capacity();
+        if let Some(held) = self.hot.install(tag, at, state, cap) {
+            shard.write_back(held);
         }
     }
 }
 
-/// The mirror tag of a key: its fingerprint mixed with its limit's name.
+/// The hot-slot tag of a key: its fingerprint mixed with its limit's name.
 fn hint_tag(fp: u64, limit: &Limit) -> u64 {
     nonzero(fp ^ limit.name_tag())
 }
@@ -231,6 +269,7 @@ pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Padded<Lane>]>,
     shard_bits: u32,
     shard_cap: usize,
+    heat_all: bool,
 }
 
 impl MemoryStore<SystemClock> {
@@ -265,6 +304,7 @@ impl<C: Clock> MemoryStore<C> {
             shards: (0..n).map(|_| Padded(Lane::default())).collect(),
             shard_bits: n.trailing_zeros(),
             shard_cap: usize::MAX,
+            heat_all: false,
         }
     }
 
@@ -273,6 +313,26 @@ impl<C: Clock> MemoryStore<C> {
     /// dropped first.
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.shard_cap = (max_keys >> self.shard_bits).max(1);
+        self
+    }
+
+    /// Moves every key written under a lock into a hot slot, instead of only
+    /// the contended, the denied and those that find their slot free. Slower
+    /// with many keys; it exists so that tests can drive keys in and out of
+    /// the lock-free slots from one thread.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
+    /// let store = MemoryStore::new().with_all_keys_hot();
+    /// let limit = Limit::new("api", TokenBucket::new(1.0, 2.0).unwrap());
+    /// assert!(store.decide_now(Op::new(&limit, "k", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// assert!(store.decide_now(Op::new(&limit, "k", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// assert!(!store.decide_now(Op::new(&limit, "k", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// assert_eq!(store.len(), 1);
+    /// ```
+    #[doc(hidden)]
+    pub fn with_all_keys_hot(mut self) -> Self {
+        self.heat_all = true;
         self
     }
 
@@ -291,7 +351,15 @@ impl<C: Clock> MemoryStore<C> {
     /// assert_eq!(store.len(), 1);
     /// ```
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.0.lock.lock().len).sum()
+        self.shards
+            .iter()
+            .map(|s| {
+                let mut shard = s.0.lock.lock();
+                // A hot key that filled up is still in its table until now.
+                s.0.flush(&mut shard);
+                shard.len
+            })
+            .sum()
     }
 
     /// Whether no key is held.
@@ -363,12 +431,20 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         let lane = &self.shards[self.lock_index(fp)].0;
         let tag = hint_tag(fp, op.limit);
-        if let Some(state) = lane.hints.get(tag)
-            && let Some(d) = decide_from_mirror(&alg, state, offset, now, op.cost, mode)
-        {
+        let eval = |s| algorithm::evaluate(&alg, Some(s), offset, now, op.cost, mode.reserve);
+        let cap = alg.capacity();
+        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
             return Ok(d);
         }
-        let mut guard = lane.lock.lock();
+        let (mut guard, contended) = match lane.lock.try_lock() {
+            Some(g) => (g, false),
+            None => (lane.lock.lock(), true),
+        };
+        // Another thread may have moved the key into a slot meanwhile; while
+        // the lock is held, none can move it out.
+        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
+            return Ok(d);
+        }
         let shard = &mut *guard;
         let t = shard.table(op.limit);
         let table = &mut shard.tables[t];
@@ -379,23 +455,24 @@ impl<C: Clock> MemoryStore<C> {
             Probe::Vacant => None,
         };
         let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
-        let delta = match (ev.next, state) {
+        let heat = match (ev.next, state) {
             (Some(next), _) if mode.consume => {
                 let delta = table.put_at(probe, fp, next);
-                lane.hints.update(tag, Some(next));
-                delta
+                shard.apply(delta);
+                // A free slot costs nothing to take, and a contended lock
+                // means other threads decide in this shard right now, quite
+                // likely on this very key.
+                (contended || self.heat_all || lane.hot.vacant(tag)).then_some(next)
             }
-            // Only a held key can be denied; mirror it for the next caller.
-            (None, Some(held)) => {
-                lane.hints.put(tag, held);
-                0
-            }
-            _ => 0,
+            // Only a held key can be denied, and a denied key is likely to be
+            // asked again soon: let the next callers decide without the lock.
+            (None, Some(held)) => Some(held),
+            _ => None,
         };
-        if delta != 0 {
-            shard.apply(delta);
-            lane.maintain(shard, now, self.shard_cap);
+        if let Some(state) = heat {
+            lane.heat(shard, tag, (fp, t), state);
         }
+        lane.maintain(shard, now, self.shard_cap);
         Ok(ev.decision)
     }
 
@@ -433,6 +510,17 @@ impl<C: Clock> MemoryStore<C> {
             .map(|&i| self.shards[i].0.lock.lock())
             .collect();
         let now = self.clock.now();
+        // The tables must hold the latest states before they are read; and
+        // while the locks are held, no key can move back into a slot.
+        for (op, &(fa, fb)) in ops.iter().zip(&cands) {
+            for fp in [fa, fb] {
+                let i = self.lock_index(fp);
+                let g = locks.binary_search(&i).unwrap_or(0);
+                self.shards[i]
+                    .0
+                    .cool(&mut guards[g], hint_tag(fp, op.limit));
+            }
+        }
 
         let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
         let mut decisions = SmallVec::new();
@@ -477,8 +565,6 @@ impl<C: Clock> MemoryStore<C> {
                 let shard = &mut *guards[slot.guard];
                 let table = &mut shard.tables[slot.table];
                 let delta = table.put(slot.fp, st);
-                let tag = hint_tag(slot.fp, &table.limit);
-                self.shards[locks[slot.guard]].0.hints.update(tag, Some(st));
                 shard.apply(delta);
             }
             for (g, &i) in guards.iter_mut().zip(&locks) {
@@ -517,8 +603,9 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     pub fn reset_now(&self, limit: &Limit, key: &str) {
         self.with_key_slots(limit, key, |lane, shard, t, fp| {
+            // The slot's state is dropped with the table's.
+            lane.hot.take(hint_tag(fp, limit));
             let delta = shard.tables[t].remove(fp);
-            lane.hints.update(hint_tag(fp, limit), None);
             shard.apply(delta);
         });
     }
@@ -535,7 +622,8 @@ impl<C: Clock> MemoryStore<C> {
         let alg = *limit.shard_algorithm();
         let offset = algorithm::key_offset(&alg, key);
         let now = self.clock.now();
-        let parts = self.with_key_slots(limit, key, |_, shard, t, fp| {
+        let parts = self.with_key_slots(limit, key, |lane, shard, t, fp| {
+            lane.cool(shard, hint_tag(fp, limit));
             algorithm::current(&alg, shard.tables[t].get(fp), offset, now)
         });
         Value {
@@ -543,22 +631,6 @@ impl<C: Clock> MemoryStore<C> {
             ts: parts.iter().map(|v| v.ts).max().unwrap_or(now),
         }
     }
-}
-
-/// Decides from an exact snapshot of the key's state, when that needs no
-/// write: a denial is the denial the locked path would give at that instant,
-/// and a check changes nothing.
-#[inline(never)]
-fn decide_from_mirror(
-    alg: &Algorithm,
-    state: State,
-    offset: i64,
-    now: Nanos,
-    cost: f64,
-    mode: Mode,
-) -> Option<Decision> {
-    let ev = algorithm::evaluate(alg, Some(state), offset, now, cost, mode.reserve);
-    (!ev.decision.allowed || !mode.consume).then_some(ev.decision)
 }
 
 fn splitmix64(mut x: u64) -> u64 {
