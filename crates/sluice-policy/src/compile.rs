@@ -3,22 +3,39 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::path::Path;
 use std::time::Duration;
 
 use serde_saphyr::Spanned;
 use sluice_core::{Algorithm, FixedWindow, Limit, Nanos, TokenBucket};
 
+use crate::client_ip::TrustedProxies;
 use crate::error::{Invalid, Pos, at};
+use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, CostSource, LimitKey};
 use crate::matching::Condition;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
 use crate::schema::{AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, StoreKind};
 
-pub(crate) fn compile(raw: RawPolicy) -> Result<Policy, Invalid> {
+/// Compiles a policy read from `file` (key files are found relative to it).
+pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<Policy, Invalid> {
     let mut policy = Policy {
         on_store_error: raw.on_store_error.unwrap_or_default(),
         ..Policy::default()
     };
+    if let Some(list) = &raw.trusted_proxies {
+        let cidrs: Vec<&str> = list.iter().map(|s| s.value.as_str()).collect();
+        policy.trusted_proxies =
+            TrustedProxies::parse(&cidrs).map_err(|e| match list.get(e.index) {
+                Some(entry) => at(entry, e.message),
+                None => at(Pos::default(), e.message),
+            })?;
+    }
+    if let Some(jwt) = &raw.jwt {
+        let base = file.parent().unwrap_or(Path::new(""));
+        let verifier = JwtVerifier::build(&jwt.value, base).map_err(|e| e.into_invalid(jwt))?;
+        policy.jwt = Some(verifier);
+    }
     if let Some(s) = &raw.store {
         policy.store = store(s)?;
     }
@@ -87,6 +104,11 @@ fn compile_rule(r: RawRule, policy: &Policy) -> Result<Rule, Invalid> {
         cost,
         mode: r.mode.unwrap_or_default(),
         on_store_error: r.on_store_error.unwrap_or(policy.on_store_error),
+        on_missing: r.on_missing.unwrap_or_default(),
+        domain: match r.domain {
+            Some(d) if d.value.is_empty() => return Err(at(&d, "a domain must not be empty")),
+            d => d.map(|d| d.value),
+        },
     })
 }
 

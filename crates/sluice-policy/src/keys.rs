@@ -14,7 +14,7 @@ use crate::request::Request;
 /// assert_eq!(key, LimitKey::Header("x-api-key".into()));
 /// let req = RequestParts::new("GET", "/").with_header("x-api-key", "k1");
 /// assert_eq!(key.extract(&req).as_deref(), Some("k1"));
-/// assert!(LimitKey::parse("jwt:sub").unwrap_err().contains("not supported yet"));
+/// assert_eq!(LimitKey::parse("jwt:sub"), Ok(LimitKey::Jwt("sub".into())));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 #[non_exhaustive]
@@ -29,6 +29,10 @@ pub enum LimitKey {
     Path,
     /// `method`: the request method.
     Method,
+    /// `jwt:<claim>`: a claim of the request's verified token.
+    Jwt(String),
+    /// `descriptor:<key>`: an Envoy descriptor entry's value.
+    Descriptor(String),
 }
 
 impl LimitKey {
@@ -53,10 +57,11 @@ impl LimitKey {
             ("query", Some(n)) => query_name(n).map(LimitKey::Query),
             ("path", None) => Ok(LimitKey::Path),
             ("method", None) => Ok(LimitKey::Method),
-            ("jwt" | "descriptor", _) => Err(format!("limit key `{s}` is not supported yet")),
+            ("jwt", Some(n)) => name_after("jwt", n).map(LimitKey::Jwt),
+            ("descriptor", Some(n)) => name_after("descriptor", n).map(LimitKey::Descriptor),
             _ => Err(format!(
                 "unknown limit key `{s}`; expected ip:address, header:<name>, query:<name>, \
-                 path or method"
+                 jwt:<claim>, descriptor:<key>, path or method"
             )),
         }
     }
@@ -78,6 +83,8 @@ impl LimitKey {
             LimitKey::Query(n) => req.query(n),
             LimitKey::Path => Some(Cow::Borrowed(req.path())),
             LimitKey::Method => Some(Cow::Borrowed(req.method())),
+            LimitKey::Jwt(n) => req.claim(n),
+            LimitKey::Descriptor(n) => req.descriptor(n).map(Cow::Borrowed),
         }
     }
 }
@@ -91,6 +98,8 @@ impl fmt::Display for LimitKey {
             LimitKey::Query(n) => write!(f, "query:{n}"),
             LimitKey::Path => f.write_str("path"),
             LimitKey::Method => f.write_str("method"),
+            LimitKey::Jwt(n) => write!(f, "jwt:{n}"),
+            LimitKey::Descriptor(n) => write!(f, "descriptor:{n}"),
         }
     }
 }
@@ -108,8 +117,13 @@ pub(crate) fn header_name(name: &str) -> Result<String, String> {
 }
 
 pub(crate) fn query_name(name: &str) -> Result<String, String> {
+    name_after("query", name)
+}
+
+/// Checks that a `kind:<name>` entry has a name.
+pub(crate) fn name_after(kind: &str, name: &str) -> Result<String, String> {
     if name.is_empty() {
-        Err("a parameter name is missing after `query:`".into())
+        Err(format!("a name is missing after `{kind}:`"))
     } else {
         Ok(name.to_owned())
     }
@@ -152,6 +166,13 @@ pub fn decode_key(mut key: &str) -> Option<Vec<&str>> {
         key = rest.get(len..)?;
     }
     Some(parts)
+}
+
+/// Writes a part that the request lacks, for rules with `on_missing:
+/// shared`. It starts with `-`, where every present part starts with its
+/// length, so it never collides with a value.
+pub(crate) fn push_missing(key: &mut String) {
+    key.push_str("-:");
 }
 
 pub(crate) fn push_part(key: &mut String, part: &str) {

@@ -22,16 +22,20 @@
 //! # Ok::<(), sluice_policy::PolicyError>(())
 //! ```
 
+mod client_ip;
 mod compile;
 mod error;
+mod jwt;
 mod keys;
 mod matching;
 mod policy;
 mod request;
 mod schema;
 
+pub use client_ip::{TrustedProxies, TrustedProxiesError};
 pub use error::PolicyError;
+pub use jwt::{Claims, JwtVerifier};
 pub use keys::{Cost, CostSource, LimitKey, decode_key, encode_key};
 pub use matching::{Condition, RuleHit};
-pub use policy::{Mode, NamedLimit, OnStoreError, Policy, Rule, StoreConfig};
+pub use policy::{Mode, NamedLimit, OnMissing, OnStoreError, Policy, Rule, StoreConfig};
 pub use request::{Request, RequestParts};

@@ -1,8 +1,8 @@
 //! Which rules apply to a request: `match` conditions, and [`Policy::matching`],
 //! which yields each applicable rule with the request's key and cost.
 
-use crate::keys::{header_name, query_name};
-use crate::policy::{Policy, Rule};
+use crate::keys::{header_name, name_after, query_name};
+use crate::policy::{OnMissing, Policy, Rule};
 use crate::request::Request;
 
 /// One entry of a rule's `match` map. Values must be equal exactly.
@@ -28,6 +28,10 @@ pub enum Condition {
     Header(String, String),
     /// `query:<name>`: a query parameter has this decoded value.
     Query(String, String),
+    /// `jwt:<claim>`: a claim of the verified token has this value.
+    Jwt(String, String),
+    /// `descriptor:<key>`: an Envoy descriptor entry has this value.
+    Descriptor(String, String),
 }
 
 impl Condition {
@@ -52,8 +56,9 @@ impl Condition {
             },
             Some(("header", n)) => Ok(Condition::Header(header_name(n)?, value)),
             Some(("query", n)) => Ok(Condition::Query(query_name(n)?, value)),
-            Some(("jwt" | "descriptor", _)) => {
-                Err(format!("match condition `{key}` is not supported yet"))
+            Some(("jwt", n)) => Ok(Condition::Jwt(name_after("jwt", n)?, value)),
+            Some(("descriptor", n)) => {
+                Ok(Condition::Descriptor(name_after("descriptor", n)?, value))
             }
             Some(_) => Err(unknown(key)),
         }
@@ -75,6 +80,8 @@ impl Condition {
             Condition::Host(h) => req.host() == Some(h.as_str()),
             Condition::Header(n, v) => req.header(n) == Some(v.as_str()),
             Condition::Query(n, v) => req.query(n).is_some_and(|q| q == v.as_str()),
+            Condition::Jwt(n, v) => req.claim(n).is_some_and(|c| c == v.as_str()),
+            Condition::Descriptor(n, v) => req.descriptor(n) == Some(v.as_str()),
         }
     }
 }
@@ -82,7 +89,7 @@ impl Condition {
 fn unknown(key: &str) -> String {
     format!(
         "unknown match condition `{key}`; expected path, path_prefix, method, host, \
-         header:<name> or query:<name>"
+         header:<name>, query:<name>, jwt:<claim> or descriptor:<key>"
     )
 }
 
@@ -105,10 +112,14 @@ pub struct RuleHit<'p> {
     pub rule: &'p Rule,
     /// The rule's position in [`Policy::rules`].
     pub index: usize,
-    /// The store key within the rule's limit (see [`crate::encode_key`]).
+    /// The store key within the rule's limit (see [`crate::encode_key`]);
+    /// empty when `missing` is set.
     pub key: String,
     /// What the request costs under this rule.
     pub cost: f64,
+    /// A key part is missing and the rule says `on_missing: deny`: the
+    /// request is denied without asking the store.
+    pub missing: bool,
 }
 
 impl Policy {
@@ -133,16 +144,56 @@ impl Policy {
         &'a self,
         req: &'a R,
     ) -> impl Iterator<Item = RuleHit<'a>> + 'a {
+        self.hits(None, req)
+    }
+
+    /// Every rule of the Envoy rate-limit `domain` that applies to `req` (one
+    /// descriptor), in file order.
+    ///
+    /// ```
+    /// use sluice_policy::{Policy, RequestParts};
+    /// let policy = Policy::from_str(r#"
+    /// rules:
+    ///   - name: per-client
+    ///     domain: edge
+    ///     limit_keys: ["descriptor:remote_address"]
+    ///     algorithm: token_bucket
+    ///     algorithm_config: {rps: 5}
+    /// "#, "policy.yaml").unwrap();
+    /// let d = RequestParts::default().with_descriptor("remote_address", "10.0.0.1");
+    /// assert_eq!(policy.matching_domain("edge", &d).count(), 1);
+    /// assert_eq!(policy.matching_domain("other", &d).count(), 0);
+    /// assert_eq!(policy.matching(&d).count(), 0);
+    /// ```
+    pub fn matching_domain<'a, R: Request + ?Sized>(
+        &'a self,
+        domain: &'a str,
+        req: &'a R,
+    ) -> impl Iterator<Item = RuleHit<'a>> + 'a {
+        self.hits(Some(domain), req)
+    }
+
+    fn hits<'a, R: Request + ?Sized>(
+        &'a self,
+        domain: Option<&'a str>,
+        req: &'a R,
+    ) -> impl Iterator<Item = RuleHit<'a>> + 'a {
         self.rules()
             .iter()
             .enumerate()
-            .filter(|(_, rule)| rule.matches(req))
+            .filter(move |(_, rule)| rule.domain() == domain && rule.matches(req))
             .filter_map(|(index, rule)| {
+                let (key, missing) = match rule.key(req) {
+                    Some(key) => (key, false),
+                    None if rule.on_missing() == OnMissing::Deny => (String::new(), true),
+                    None => return None,
+                };
                 Some(RuleHit {
                     rule,
                     index,
-                    key: rule.key(req)?,
+                    key,
                     cost: rule.cost().of(req),
+                    missing,
                 })
             })
     }

@@ -8,8 +8,10 @@ use std::time::Duration;
 use serde::Deserialize;
 use sluice_core::Limit;
 
+use crate::client_ip::TrustedProxies;
 use crate::error::{PolicyError, from_yaml};
-use crate::keys::{Cost, LimitKey, push_part};
+use crate::jwt::JwtVerifier;
+use crate::keys::{Cost, LimitKey, push_missing, push_part};
 use crate::matching::Condition;
 use crate::request::Request;
 use crate::schema::RawPolicy;
@@ -44,6 +46,37 @@ pub enum OnStoreError {
     Open,
     /// Deny the request.
     Closed,
+}
+
+/// What a rule does with a request that lacks one of its key parts
+/// (`on_missing`).
+///
+/// ```
+/// use sluice_policy::{OnMissing, Policy, RequestParts};
+/// let p = Policy::from_str(r#"
+/// rules:
+///   - name: per-user
+///     limit_keys: ["jwt:sub"]
+///     on_missing: shared
+///     algorithm: token_bucket
+///     algorithm_config: {rps: 1}
+/// "#, "p.yaml").unwrap();
+/// assert_eq!(p.rules()[0].on_missing(), OnMissing::Shared);
+/// // Anonymous requests share one bucket, apart from every user's.
+/// let anonymous = RequestParts::new("GET", "/");
+/// let hit = p.matching(&anonymous).next().unwrap();
+/// assert_eq!(hit.key, "-:");
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OnMissing {
+    /// The rule does not apply.
+    #[default]
+    Skip,
+    /// Such requests share one bucket, apart from every real key's.
+    Shared,
+    /// Such requests are denied.
+    Deny,
 }
 
 /// Where limit state lives (`store` in the policy file).
@@ -159,6 +192,8 @@ pub struct Rule {
     pub(crate) cost: Cost,
     pub(crate) mode: Mode,
     pub(crate) on_store_error: OnStoreError,
+    pub(crate) on_missing: OnMissing,
+    pub(crate) domain: Option<String>,
 }
 
 impl Rule {
@@ -241,6 +276,30 @@ impl Rule {
         self.on_store_error
     }
 
+    /// What the rule does when a key part is missing.
+    ///
+    /// ```
+    /// # use sluice_policy::{OnMissing, Policy};
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].on_missing(), OnMissing::Skip);
+    /// ```
+    pub fn on_missing(&self) -> OnMissing {
+        self.on_missing
+    }
+
+    /// The Envoy rate-limit domain the rule belongs to. Rules with a domain
+    /// apply only to Envoy requests of that domain; rules without one apply
+    /// only to HTTP requests.
+    ///
+    /// ```
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("rules: [{name: r, domain: edge, limit_keys: ['descriptor:remote_address'], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].domain(), Some("edge"));
+    /// ```
+    pub fn domain(&self) -> Option<&str> {
+        self.domain.as_deref()
+    }
+
     /// Whether all of the rule's conditions hold for `req`.
     ///
     /// ```
@@ -254,7 +313,8 @@ impl Rule {
     }
 
     /// The store key of `req` under this rule, or `None` when a part is
-    /// missing from the request.
+    /// missing from the request (with `on_missing: shared`, a missing part
+    /// is written as a marker no value produces, so it is never `None`).
     ///
     /// ```
     /// # use sluice_policy::{Policy, RequestParts};
@@ -265,7 +325,11 @@ impl Rule {
     pub fn key<R: Request + ?Sized>(&self, req: &R) -> Option<String> {
         let mut key = String::new();
         for part in &self.keys {
-            push_part(&mut key, &part.extract(req)?);
+            match part.extract(req) {
+                Some(v) => push_part(&mut key, &v),
+                None if self.on_missing == OnMissing::Shared => push_missing(&mut key),
+                None => return None,
+            }
         }
         Some(key)
     }
@@ -296,6 +360,8 @@ pub struct Policy {
     pub(crate) limits: Vec<NamedLimit>,
     pub(crate) limit_index: HashMap<String, usize>,
     pub(crate) rules: Vec<Rule>,
+    pub(crate) trusted_proxies: TrustedProxies,
+    pub(crate) jwt: Option<JwtVerifier>,
 }
 
 impl Policy {
@@ -335,7 +401,7 @@ impl Policy {
         };
         let raw: RawPolicy = serde_saphyr::from_str_with_options(text, options)
             .map_err(|e| from_yaml(&e, file.clone()))?;
-        crate::compile::compile(raw).map_err(|e| e.into_error(file))
+        crate::compile::compile(raw, &file).map_err(|e| e.into_error(file))
     }
 
     /// The `store` section, or the in-memory default.
@@ -393,6 +459,29 @@ impl Policy {
         self.named_limit(name).map(NamedLimit::limit)
     }
 
+    /// The proxies whose forwarding headers are believed (`trusted_proxies`).
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str("trusted_proxies: [10.0.0.0/8]", "p").unwrap();
+    /// assert!(p.trusted_proxies().contains("10.1.2.3".parse().unwrap()));
+    /// assert!(Policy::default().trusted_proxies().is_empty());
+    /// ```
+    pub fn trusted_proxies(&self) -> &TrustedProxies {
+        &self.trusted_proxies
+    }
+
+    /// The keys that verify request tokens (`jwt`), if any: without them no
+    /// request has claims.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// assert!(Policy::default().jwt().is_none());
+    /// ```
+    pub fn jwt(&self) -> Option<&JwtVerifier> {
+        self.jwt.as_ref()
+    }
+
     /// The request rules, in file order.
     ///
     /// ```
@@ -401,5 +490,21 @@ impl Policy {
     /// ```
     pub fn rules(&self) -> &[Rule] {
         &self.rules
+    }
+}
+
+impl From<OnStoreError> for sluice_core::OnError {
+    /// The store's failure outcome for the policy's setting.
+    ///
+    /// ```
+    /// use sluice_core::OnError;
+    /// use sluice_policy::OnStoreError;
+    /// assert_eq!(OnError::from(OnStoreError::Closed), OnError::Closed);
+    /// ```
+    fn from(o: OnStoreError) -> Self {
+        match o {
+            OnStoreError::Open => sluice_core::OnError::Open,
+            OnStoreError::Closed => sluice_core::OnError::Closed,
+        }
     }
 }

@@ -36,6 +36,17 @@ pub trait Request {
     fn header(&self, lowercase_name: &str) -> Option<&str>;
     /// The first value of a query parameter, percent-decoded.
     fn query(&self, name: &str) -> Option<Cow<'_, str>>;
+    /// A claim of the request's JSON Web Token, as text; implementations
+    /// return claims only from a token whose signature they verified.
+    /// Requests without a verified token have none, the default.
+    fn claim(&self, _name: &str) -> Option<Cow<'_, str>> {
+        None
+    }
+    /// The value of an Envoy rate-limit descriptor entry; only requests that
+    /// come from Envoy have any, the default being none.
+    fn descriptor(&self, _key: &str) -> Option<&str> {
+        None
+    }
 }
 
 /// An owned request, as the replay tool reads it from an event.
@@ -64,6 +75,10 @@ pub struct RequestParts {
     /// The raw query string (`a=1&b=2`; a leading `?` is ignored), decoded
     /// when looked up.
     pub query: String,
+    /// Claims of a token that has already been verified.
+    pub claims: Vec<(String, String)>,
+    /// Envoy descriptor entries.
+    pub descriptors: Vec<(String, String)>,
 }
 
 impl RequestParts {
@@ -122,6 +137,30 @@ impl RequestParts {
         self
     }
 
+    /// Adds a claim of a verified token.
+    ///
+    /// ```
+    /// use sluice_policy::{Request, RequestParts};
+    /// let req = RequestParts::new("GET", "/").with_claim("sub", "user-1");
+    /// assert_eq!(req.claim("sub").as_deref(), Some("user-1"));
+    /// ```
+    pub fn with_claim(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.claims.push((name.into(), value.into()));
+        self
+    }
+
+    /// Adds an Envoy descriptor entry.
+    ///
+    /// ```
+    /// use sluice_policy::{Request, RequestParts};
+    /// let req = RequestParts::new("", "").with_descriptor("remote_address", "10.0.0.1");
+    /// assert_eq!(req.descriptor("remote_address"), Some("10.0.0.1"));
+    /// ```
+    pub fn with_descriptor(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
+        self.descriptors.push((key.into(), value.into()));
+        self
+    }
+
     /// Sets the raw query string.
     ///
     /// ```
@@ -168,4 +207,19 @@ impl Request for RequestParts {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v)
     }
+
+    fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
+        lookup(&self.claims, name).map(Cow::Borrowed)
+    }
+
+    fn descriptor(&self, key: &str) -> Option<&str> {
+        lookup(&self.descriptors, key)
+    }
+}
+
+fn lookup<'a>(pairs: &'a [(String, String)], name: &str) -> Option<&'a str> {
+    pairs
+        .iter()
+        .find(|(n, _)| n == name)
+        .map(|(_, v)| v.as_str())
 }

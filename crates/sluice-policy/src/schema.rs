@@ -10,13 +10,16 @@ use serde::de::{self, MapAccess, Visitor};
 use serde_saphyr::Spanned;
 use sluice_core::Nanos;
 
-use crate::policy::{Mode, OnStoreError};
+use crate::jwt::RawJwt;
+use crate::policy::{Mode, OnMissing, OnStoreError};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RawPolicy {
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) on_store_error: Option<OnStoreError>,
+    pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub(crate) jwt: Option<Spanned<RawJwt>>,
     pub(crate) limits: Option<Entries<RawLimit>>,
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
 }
@@ -65,6 +68,8 @@ pub(crate) struct RawRule {
     pub(crate) algorithm_config: Spanned<RawConfig>,
     pub(crate) mode: Option<Mode>,
     pub(crate) on_store_error: Option<OnStoreError>,
+    pub(crate) on_missing: Option<OnMissing>,
+    pub(crate) domain: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -123,10 +123,10 @@ fn rule_with(rest: &str) -> String {
 fn unknown_limit_key_kind() {
     let text = rule_with("    limit_keys:\n      - ip:address\n      - cookie:session\n");
     assert_err(&text, 7, 9, "unknown limit key `cookie:session`");
-    let text = rule_with("    limit_keys: [ip:address, 'jwt:sub']\n");
-    assert_err(&text, 5, 30, "limit key `jwt:sub` is not supported yet");
-    let text = rule_with("    limit_keys: [descriptor:remote_address]\n");
-    assert_err(&text, 5, 18, "not supported yet");
+    let text = rule_with("    limit_keys: [ip:address, 'jwt:']\n");
+    assert_err(&text, 5, 30, "a name is missing after `jwt:`");
+    let text = rule_with("    limit_keys: ['descriptor:']\n");
+    assert_err(&text, 5, 18, "a name is missing after `descriptor:`");
     let text = rule_with("    limit_keys: [ip:port]\n");
     assert_err(&text, 5, 18, "unknown limit key `ip:port`");
     let text = rule_with("    limit_keys: ['header:']\n");
@@ -139,13 +139,10 @@ fn unknown_limit_key_kind() {
 fn unknown_match_condition() {
     let text = rule_with("    limit_keys: []\n    match:\n      path: /a\n      cookie:x: y\n");
     assert_err(&text, 8, 7, "unknown match condition `cookie:x`");
-    let text = rule_with("    limit_keys: []\n    match: {jwt:sub: x}\n");
-    assert_err(
-        &text,
-        6,
-        13,
-        "match condition `jwt:sub` is not supported yet",
-    );
+    let text = rule_with("    limit_keys: []\n    match: {'jwt:': x}\n");
+    assert_err(&text, 6, 13, "a name is missing after `jwt:`");
+    let text = rule_with("    limit_keys: []\n    match: {'descriptor:': x}\n");
+    assert_err(&text, 6, 13, "a name is missing after `descriptor:`");
 }
 
 #[test]
@@ -388,8 +385,8 @@ fn json_errors_have_positions() {
     assert_err(text, 5, 34, "`rps` must be a positive number, got -3");
     let text = "{\n  \"rules\": [],\n  \"limitz\": {}\n}\n";
     assert_err(text, 3, 3, "unknown field `limitz`");
-    let text = "{\"rules\": [\n  {\"name\": \"r\", \"limit_keys\": [\"jwt:sub\"], \
+    let text = "{\"rules\": [\n  {\"name\": \"r\", \"limit_keys\": [\"jwt:\"], \
                 \"algorithm\": \"fixed_window\", \"algorithm_config\": {\"rps\": 1}}\n]}\n";
-    assert_err(text, 2, 32, "not supported yet");
+    assert_err(text, 2, 32, "a name is missing after `jwt:`");
     assert_err("{\"rules\": [}\n", 1, 11, "mismatched bracket");
 }

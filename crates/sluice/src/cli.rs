@@ -1,5 +1,6 @@
 //! Command-line arguments.
 
+use std::net::SocketAddr;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
@@ -7,13 +8,15 @@ use clap::{Args, Parser, Subcommand};
 /// Sluice: exact rate limiting, as a library, a middleware and a server.
 #[derive(Debug, Parser)]
 #[command(name = "sluice", version, about)]
-pub(crate) struct Cli {
+pub struct Cli {
     #[command(subcommand)]
     pub(crate) command: Command,
 }
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
+    /// Serve the HTTP decision API and Prometheus metrics.
+    Serve(ServeArgs),
     /// Check policy files; prints each error with its file, line and column.
     Validate(ValidateArgs),
     /// Run recorded events through a policy in virtual time, printing one
@@ -49,4 +52,22 @@ pub(crate) struct ReplayArgs {
     /// Seed for the shard choices of sharded limits, so runs repeat exactly.
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct ServeArgs {
+    /// The policy; without one, the bundled example policy is served.
+    #[arg(long, short)]
+    pub(crate) policy: Option<PathBuf>,
+    /// Where the HTTP decision API, /metrics, /healthz and /readyz listen.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub(crate) http: SocketAddr,
+    /// The store, overriding the policy's: `memory`, or a `redis://`,
+    /// `rediss://` or `redis+cluster://` URL.
+    #[arg(long)]
+    pub(crate) store: Option<String>,
+    /// The bearer token that admin endpoints (`/v1/reset`) require. Without
+    /// one they are disabled. Read from SLUICE_ADMIN_TOKEN when not given.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
 }

@@ -139,10 +139,11 @@ impl Engine {
         let mut shadow_denied = Vec::new();
         for hit in &shadow {
             let op = Self::op(&mut self.rng, hit.rule.limit(), &hit.key, hit.cost);
-            let allowed = match self.store.transact_now(&[op], Mode::CONSUME) {
-                Ok(out) => out.allowed,
-                Err(_) => false,
-            };
+            let allowed = !hit.missing
+                && match self.store.transact_now(&[op], Mode::CONSUME) {
+                    Ok(out) => out.allowed,
+                    Err(_) => false,
+                };
             self.summary.shadow(hit, allowed);
             if !allowed {
                 shadow_denied.push(name(hit));
@@ -153,13 +154,27 @@ impl Engine {
         for h in &enforce {
             ops.push(Self::op(&mut self.rng, h.rule.limit(), &h.key, h.cost));
         }
-        let mut line = match self.store.transact_now(&ops, Mode::CONSUME) {
+        let result = if let Some(hit) = enforce.iter().find(|h| h.missing) {
+            // `on_missing: deny`: refused before the store is asked, so no
+            // other rule consumes either.
+            Err(hit)
+        } else {
+            Ok(self.store.transact_now(&ops, Mode::CONSUME))
+        };
+        let mut line = match result {
             _ if enforce.is_empty() => Line::none(t),
-            Ok(outcome) => {
+            Err(hit) => Line {
+                allowed: false,
+                rule: Some(name(hit)),
+                limit: Some(hit.rule.limit().algorithm().capacity()),
+                error: Some("a part of the rule's key is missing".into()),
+                ..Line::none(t)
+            },
+            Ok(Ok(outcome)) => {
                 self.summary.enforced(&enforce, &outcome);
                 decided(t, &outcome, |i| name(&enforce[i]))
             }
-            Err(err) => {
+            Ok(Err(err)) => {
                 // The first op whose cost is refused names the rule.
                 let refused = ops
                     .iter()

@@ -1,0 +1,266 @@
+//! What a verdict tells the client: the IETF `RateLimit-Policy` and
+//! `RateLimit` structured fields, the legacy `RateLimit-*` and
+//! `X-RateLimit-*` fields, `Retry-After` with per-client jitter, and the
+//! problem-details body of a refusal.
+
+use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
+use http::{HeaderMap, StatusCode};
+use serde::Serialize;
+
+use crate::engine::{Refusal, RuleDecision, Verdict};
+
+/// `RateLimit-Policy`: each rule's quota and window.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// `RateLimit`: each rule's remaining quota and reset time.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// Legacy `RateLimit-Limit` (the deciding rule's quota).
+pub const RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("ratelimit-limit");
+/// Legacy `RateLimit-Remaining`.
+pub const RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("ratelimit-remaining");
+/// Legacy `RateLimit-Reset` (seconds).
+pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset");
+/// `X-RateLimit-Limit`.
+pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// `X-RateLimit-Remaining`.
+pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+
+/// Whole seconds for a header: rounded up, so that a client that waits that
+/// long is never early, and never negative.
+fn whole_secs(secs: f64) -> u64 {
+    if secs.is_finite() && secs > 0.0 {
+        // Saturates for absurd values, which is what a header wants.
+        secs.ceil() as u64
+    } else {
+        0
+    }
+}
+
+/// A count for a header: whole tokens, rounded down.
+fn whole(count: f64) -> u64 {
+    if count.is_finite() && count > 0.0 {
+        count as u64
+    } else {
+        0
+    }
+}
+
+/// A structured-field string: printable ASCII, with `"` and `\` escaped.
+/// Rule names are the operator's, but a header must stay well-formed
+/// whatever they contain, so anything else becomes `_`.
+fn sf_string(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' | '\\' => {
+                out.push('\\');
+                out.push(c);
+            }
+            ' '..='~' => out.push(c),
+            _ => out.push('_'),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// `Retry-After` in whole seconds: the exact wait rounded up, plus a jitter
+/// of up to 50% that depends only on `identity`, so that the clients a
+/// denial stops all at once do not all come back at once, while any one
+/// client always hears the same answer.
+///
+/// ```
+/// use sluice_http::retry_after_secs;
+/// let a = retry_after_secs(9.2, "per-ip/203.0.113.9");
+/// assert!((10..=15).contains(&a));
+/// assert_eq!(a, retry_after_secs(9.2, "per-ip/203.0.113.9"));
+/// assert_eq!(retry_after_secs(0.0, "x"), 0);
+/// assert_eq!(retry_after_secs(f64::NAN, "x"), 0);
+/// ```
+pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
+    let base = whole_secs(exact);
+    // FNV-1a: stable across builds and processes, unlike std's hasher, so
+    // every replica jitters a client the same way.
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in identity.bytes() {
+        h ^= u64::from(b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    let fraction = (h >> 11) as f64 / (1u64 << 53) as f64;
+    base.saturating_add((base as f64 * 0.5 * fraction) as u64)
+}
+
+/// The headers a verdict puts on a response, allowed or denied.
+///
+/// ```
+/// use sluice_core::Decision;
+/// use sluice_http::{RuleDecision, Verdict, rate_limit_headers};
+/// let v = Verdict {
+///     rules: vec![RuleDecision {
+///         rule: "per-ip".into(),
+///         key: "9:192.0.2.1".into(),
+///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
+///         window: 1.0,
+///     }],
+///     deciding: Some(0),
+///     ..Verdict::default()
+/// };
+/// let h = rate_limit_headers(&v);
+/// assert_eq!(h["ratelimit-policy"], r#""per-ip";q=10;w=1"#);
+/// assert_eq!(h["ratelimit"], r#""per-ip";r=7;t=1"#);
+/// assert_eq!(h["ratelimit-remaining"], "7");
+/// assert!(h.get("retry-after").is_none());
+/// ```
+pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    if !v.rules.is_empty() {
+        let list = |item: &dyn Fn(&RuleDecision) -> String| {
+            v.rules.iter().map(item).collect::<Vec<_>>().join(", ")
+        };
+        let policy = list(&|r| {
+            format!(
+                "{};q={};w={}",
+                sf_string(&r.rule),
+                whole(r.decision.limit),
+                whole_secs(r.window).max(1)
+            )
+        });
+        let current = list(&|r| {
+            format!(
+                "{};r={};t={}",
+                sf_string(&r.rule),
+                r.decision.remaining,
+                whole_secs(r.decision.reset)
+            )
+        });
+        insert(&mut h, RATELIMIT_POLICY, policy);
+        insert(&mut h, RATELIMIT, current);
+    }
+    if let Some(d) = v.deciding() {
+        let limit = whole(d.decision.limit).to_string();
+        let remaining = d.decision.remaining.to_string();
+        insert(&mut h, RATELIMIT_LIMIT, limit.clone());
+        insert(&mut h, RATELIMIT_REMAINING, remaining.clone());
+        insert(
+            &mut h,
+            RATELIMIT_RESET,
+            whole_secs(d.decision.reset).to_string(),
+        );
+        insert(&mut h, X_RATELIMIT_LIMIT, limit);
+        insert(&mut h, X_RATELIMIT_REMAINING, remaining);
+    }
+    if !v.allowed
+        && let Some(secs) = retry_after(v)
+    {
+        insert(&mut h, RETRY_AFTER, secs.to_string());
+    }
+    h
+}
+
+/// The `Retry-After` of a denial, if waiting can help.
+fn retry_after(v: &Verdict) -> Option<u64> {
+    match &v.refusal {
+        // The limiter itself is unavailable: come back shortly.
+        Some((_, Refusal::StoreFailed(_))) => Some(1),
+        // Waiting never makes these pass.
+        Some(_) => None,
+        None => {
+            let d = v.deciding()?;
+            let identity = format!("{}/{}", d.rule, d.key);
+            Some(retry_after_secs(v.retry_after?, &identity))
+        }
+    }
+}
+
+fn insert(h: &mut HeaderMap, name: HeaderName, value: String) {
+    // Every value built here is ASCII without control characters.
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        h.insert(name, v);
+    }
+}
+
+/// An RFC 9457 problem-details body.
+#[derive(Debug, Serialize)]
+struct Problem<'a> {
+    #[serde(rename = "type")]
+    kind: &'static str,
+    title: &'static str,
+    status: u16,
+    detail: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    rule: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    retry_after: Option<f64>,
+}
+
+/// `application/problem+json`.
+pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// The status and problem-details body of a denied request, with the
+/// content type to send it under.
+///
+/// ```
+/// use sluice_core::Decision;
+/// use sluice_http::{RuleDecision, Verdict, denial};
+/// let v = Verdict {
+///     allowed: false,
+///     rules: vec![RuleDecision {
+///         rule: "per-ip".into(),
+///         key: "k".into(),
+///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
+///         window: 1.0,
+///     }],
+///     deciding: Some(0),
+///     retry_after: Some(2.5),
+///     ..Verdict::default()
+/// };
+/// let (status, body) = denial(&v);
+/// assert_eq!(status, 429);
+/// let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+/// assert_eq!(body["rule"], "per-ip");
+/// assert_eq!(body["retry_after"], 2.5);
+/// ```
+pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
+    let rule = v.denied_by();
+    let (status, title, detail) = match &v.refusal {
+        Some((_, Refusal::StoreFailed(e))) => (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "Service Unavailable",
+            format!("the rate limiter could not decide ({e}) and the rule fails closed"),
+        ),
+        Some((_, Refusal::Cost(e))) => (
+            StatusCode::BAD_REQUEST,
+            "Bad Request",
+            format!("the request can never be admitted: {e}"),
+        ),
+        Some((_, Refusal::MissingKey)) => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too Many Requests",
+            "the request lacks a part of the rule's key, and the rule denies such requests"
+                .to_owned(),
+        ),
+        None => (
+            StatusCode::TOO_MANY_REQUESTS,
+            "Too Many Requests",
+            match v.retry_after {
+                Some(s) => format!("rate limit exceeded; retry in {s:.3} s"),
+                None => "rate limit exceeded".to_owned(),
+            },
+        ),
+    };
+    let problem = Problem {
+        kind: "about:blank",
+        title,
+        status: status.as_u16(),
+        detail,
+        rule,
+        retry_after: v.retry_after.filter(|_| v.refusal.is_none()),
+    };
+    // Serializing a struct of strings and numbers cannot fail.
+    (status, serde_json::to_vec(&problem).unwrap_or_default())
+}
+
+/// Adds the content type of [`denial`]'s body.
+pub(crate) fn set_problem_type(h: &mut HeaderMap) {
+    h.insert(CONTENT_TYPE, PROBLEM_JSON);
+}

@@ -1,0 +1,35 @@
+//! Sluice for HTTP services: a tower [`RateLimitLayer`] for axum, hyper and
+//! tonic, the [`Enforcer`] that every Sluice front end decides with, and the
+//! headers and bodies that tell clients what was decided.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use axum::{Router, routing::get};
+//! use sluice_core::MemoryStore;
+//! use sluice_http::{Enforcer, RateLimitLayer};
+//! use sluice_policy::Policy;
+//! let policy = Policy::from_str(r#"
+//! rules:
+//!   - name: per-ip
+//!     limit_keys: [ip:address]
+//!     algorithm: token_bucket
+//!     algorithm_config: {rps: 10, burst: 20}
+//! "#, "policy.yaml").unwrap();
+//! let app: Router = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(Arc::new(Enforcer::new(policy, MemoryStore::new()))));
+//! ```
+
+mod engine;
+mod headers;
+mod limit;
+mod request;
+
+pub use engine::{Enforcer, Refusal, RuleDecision, Verdict};
+pub use headers::{
+    PROBLEM_JSON, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY, RATELIMIT_REMAINING,
+    RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial, rate_limit_headers,
+    retry_after_secs,
+};
+pub use limit::{RateLimit, RateLimitLayer, ResponseFuture};
+pub use request::{HttpRequest, PeerAddr, Verified};

@@ -1,0 +1,11 @@
+//! The rate-limiting middleware: [`RateLimitLayer`] wraps a service in
+//! [`RateLimit`], which decides each request with an [`crate::Enforcer`]
+//! before the inner service sees it.
+
+mod future;
+mod layer;
+mod service;
+
+pub use future::ResponseFuture;
+pub use layer::RateLimitLayer;
+pub use service::RateLimit;

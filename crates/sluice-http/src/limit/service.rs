@@ -1,0 +1,86 @@
+//! The tower `Service` that decides each request before passing it on.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http::{Request, Response};
+use http_body_util::{Either, Full};
+use sluice_core::Store;
+use tower_service::Service;
+
+use super::ResponseFuture;
+use crate::engine::Enforcer;
+use crate::headers::{denial, rate_limit_headers, set_problem_type};
+use crate::request::{HttpRequest, peer};
+
+/// A service whose requests pass a policy's rules first.
+///
+/// Allowed requests reach the inner service and come back with the
+/// rate-limit headers of every enforced rule that applied. Denied ones are
+/// answered here: 429 with `Retry-After` and a problem-details body (503
+/// when the store failed and a rule fails closed). Shadow rules only count.
+pub struct RateLimit<S, St> {
+    inner: S,
+    enforcer: Arc<Enforcer<St>>,
+}
+
+impl<S, St> RateLimit<S, St> {
+    /// Wraps `inner`; [`super::RateLimitLayer`] is the usual way in.
+    pub fn new(inner: S, enforcer: Arc<Enforcer<St>>) -> Self {
+        RateLimit { inner, enforcer }
+    }
+}
+
+impl<S: Clone, St> Clone for RateLimit<S, St> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            enforcer: Arc::clone(&self.enforcer),
+        }
+    }
+}
+
+impl<S, St, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send,
+    St: Store + 'static,
+    ReqB: Send + 'static,
+{
+    type Response = Response<Either<ResB, Full<Bytes>>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<Self::Response, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        // The service that was polled ready is the one that must be called;
+        // a fresh clone stays behind for the next request.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let enforcer = Arc::clone(&self.enforcer);
+        Box::pin(async move {
+            let policy = enforcer.policy();
+            let verdict = {
+                let view = HttpRequest::new(&req, peer(&req), &policy);
+                enforcer.check(&view).await
+            };
+            let headers = rate_limit_headers(&verdict);
+            if !verdict.allowed {
+                let (status, body) = denial(&verdict);
+                let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
+                *res.status_mut() = status;
+                res.headers_mut().extend(headers);
+                set_problem_type(res.headers_mut());
+                return Ok(res);
+            }
+            let res = inner.call(req).await?;
+            let mut res = res.map(Either::Left);
+            res.headers_mut().extend(headers);
+            Ok(res)
+        })
+    }
+}

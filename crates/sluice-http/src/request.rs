@@ -1,0 +1,229 @@
+//! An HTTP request as rules see it: the client address resolved through
+//! trusted proxies, and JWT claims only from a verified token.
+
+use std::borrow::Cow;
+use std::net::{IpAddr, SocketAddr};
+
+use http::HeaderMap;
+use http::header::{FORWARDED, HOST};
+use sluice_policy::{Claims, Policy, Request};
+
+/// The socket peer of a connection, as a request extension. Servers that
+/// don't use axum's `ConnectInfo` insert this so that rules keyed on
+/// `ip:address` can see the client.
+///
+/// ```
+/// use sluice_http::PeerAddr;
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(PeerAddr("192.0.2.1:4000".parse().unwrap()));
+/// assert!(req.extensions().get::<PeerAddr>().is_some());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PeerAddr(pub SocketAddr);
+
+/// The socket peer of `req`: [`PeerAddr`], or axum's `ConnectInfo`.
+pub(crate) fn peer<B>(req: &http::Request<B>) -> Option<IpAddr> {
+    if let Some(p) = req.extensions().get::<PeerAddr>() {
+        return Some(p.0.ip());
+    }
+    #[cfg(feature = "axum")]
+    if let Some(c) = req
+        .extensions()
+        .get::<axum::extract::ConnectInfo<SocketAddr>>()
+    {
+        return Some(c.0.ip());
+    }
+    None
+}
+
+/// An `http::Request` seen through a policy.
+///
+/// ```
+/// use sluice_http::HttpRequest;
+/// use sluice_policy::{Policy, Request};
+/// let req = http::Request::builder()
+///     .uri("https://api.example.com/v1/items?tenant=acme")
+///     .header("x-api-key", "k1")
+///     .body(())
+///     .unwrap();
+/// let view = HttpRequest::new(&req, None, &Policy::default());
+/// assert_eq!(view.path(), "/v1/items");
+/// assert_eq!(view.host(), Some("api.example.com"));
+/// assert_eq!(view.header("x-api-key"), Some("k1"));
+/// assert_eq!(view.query("tenant").as_deref(), Some("acme"));
+/// assert!(view.claim("sub").is_none());
+/// ```
+pub struct HttpRequest<'a> {
+    method: &'a str,
+    path: &'a str,
+    query: &'a str,
+    host: Option<&'a str>,
+    headers: &'a HeaderMap,
+    ip: Option<IpAddr>,
+    claims: Option<Claims>,
+}
+
+impl<'a> HttpRequest<'a> {
+    /// Views `req`, whose socket peer is `peer`: the client address is the
+    /// peer unless the peer is one of the policy's trusted proxies, and
+    /// claims come only from a token the policy's keys verify.
+    pub fn new<B>(req: &'a http::Request<B>, peer: Option<IpAddr>, policy: &Policy) -> Self {
+        let headers = req.headers();
+        let ip = peer.map(|p| {
+            policy.trusted_proxies().client_ip(
+                p,
+                all(headers, &FORWARDED),
+                all(headers, &http::HeaderName::from_static("x-forwarded-for")),
+            )
+        });
+        let claims = policy.jwt().and_then(|jwt| {
+            let value = headers.get(jwt.header())?.to_str().ok()?;
+            jwt.verify(jwt.token_from_header(value)?)
+        });
+        let uri = req.uri();
+        HttpRequest {
+            method: req.method().as_str(),
+            path: uri.path(),
+            query: uri.query().unwrap_or(""),
+            host: uri
+                .host()
+                .or_else(|| headers.get(HOST).and_then(|h| h.to_str().ok()))
+                .map(strip_port),
+            headers,
+            ip,
+            claims,
+        }
+    }
+}
+
+/// Every value of a header that is valid text.
+fn all<'h>(headers: &'h HeaderMap, name: &http::HeaderName) -> impl Iterator<Item = &'h str> {
+    headers
+        .get_all(name)
+        .into_iter()
+        .filter_map(|v| v.to_str().ok())
+}
+
+/// `host:port` → `host`, leaving bracketed IPv6 literals whole.
+fn strip_port(host: &str) -> &str {
+    match host.rsplit_once(':') {
+        Some((h, port)) if !h.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            if h.starts_with('[') || !h.contains(':') {
+                h
+            } else {
+                host
+            }
+        }
+        _ => host,
+    }
+}
+
+impl Request for HttpRequest<'_> {
+    fn ip(&self) -> Option<IpAddr> {
+        self.ip
+    }
+
+    fn method(&self) -> &str {
+        self.method
+    }
+
+    fn path(&self) -> &str {
+        self.path
+    }
+
+    fn host(&self) -> Option<&str> {
+        self.host
+    }
+
+    fn header(&self, lowercase_name: &str) -> Option<&str> {
+        self.headers.get(lowercase_name)?.to_str().ok()
+    }
+
+    fn query(&self, name: &str) -> Option<Cow<'_, str>> {
+        form_urlencoded::parse(self.query.as_bytes())
+            .find(|(n, _)| n == name)
+            .map(|(_, v)| v)
+    }
+
+    fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.claims.as_ref()?.get(name)
+    }
+}
+
+/// Any request with the claims of its verified token: the header the
+/// policy's `jwt` section names is read from `inner`, and `claim` answers
+/// only from a token that passes verification.
+///
+/// ```
+/// use sluice_http::Verified;
+/// use sluice_policy::{Policy, Request, RequestParts};
+/// let req = RequestParts::new("GET", "/").with_header("authorization", "Bearer not.a.jwt");
+/// let policy = Policy::default();
+/// let view = Verified::new(&req, &policy);
+/// assert_eq!(view.path(), "/");
+/// assert!(view.claim("sub").is_none());
+/// ```
+pub struct Verified<'a, R: ?Sized> {
+    inner: &'a R,
+    claims: Option<Claims>,
+}
+
+impl<'a, R: Request + ?Sized> Verified<'a, R> {
+    /// Verifies `inner`'s token, if the policy has keys and it has a token.
+    pub fn new(inner: &'a R, policy: &Policy) -> Self {
+        let claims = policy.jwt().and_then(|jwt| {
+            let value = inner.header(jwt.header())?;
+            jwt.verify(jwt.token_from_header(value)?)
+        });
+        Verified { inner, claims }
+    }
+}
+
+impl<R: Request + ?Sized> Request for Verified<'_, R> {
+    fn ip(&self) -> Option<IpAddr> {
+        self.inner.ip()
+    }
+
+    fn method(&self) -> &str {
+        self.inner.method()
+    }
+
+    fn path(&self) -> &str {
+        self.inner.path()
+    }
+
+    fn host(&self) -> Option<&str> {
+        self.inner.host()
+    }
+
+    fn header(&self, lowercase_name: &str) -> Option<&str> {
+        self.inner.header(lowercase_name)
+    }
+
+    fn query(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.inner.query(name)
+    }
+
+    fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
+        self.claims.as_ref()?.get(name)
+    }
+
+    fn descriptor(&self, key: &str) -> Option<&str> {
+        self.inner.descriptor(key)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::strip_port;
+
+    #[test]
+    fn ports_come_off_hosts_but_not_off_addresses() {
+        assert_eq!(strip_port("api.example.com:8080"), "api.example.com");
+        assert_eq!(strip_port("api.example.com"), "api.example.com");
+        assert_eq!(strip_port("[::1]:8080"), "[::1]");
+        assert_eq!(strip_port("::1"), "::1");
+        // An empty port is allowed by RFC 3986, and means no port.
+        assert_eq!(strip_port("host:"), "host");
+    }
+}

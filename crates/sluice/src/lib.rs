@@ -1,0 +1,19 @@
+//! The `sluice` command: `serve` (HTTP decision API and metrics), `validate`
+//! and `replay`. The binary parses arguments and calls [`run`]; the server's
+//! router is public so that tests can drive it without a socket.
+
+use std::process::ExitCode;
+
+pub mod cli;
+mod replay;
+pub mod serve;
+mod validate;
+
+/// Runs one command line.
+pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
+    match cli.command {
+        cli::Command::Validate(args) => validate::run(&args),
+        cli::Command::Replay(args) => replay::run(&args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
+    }
+}

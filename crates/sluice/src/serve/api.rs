@@ -1,0 +1,412 @@
+//! The HTTP decision API: named-limit calls, checks, resets and values,
+//! request decisions for proxies in any language, and the operational
+//! endpoints. Every error is a problem-details body with a 4xx status.
+
+use std::collections::BTreeMap;
+use std::net::IpAddr;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, Query, State};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use serde::{Deserialize, Serialize};
+use sluice_core::{Clock, Decision, Mode, Op, Store, StoreError, SystemClock};
+use sluice_http::{Enforcer, PROBLEM_JSON, Verdict, Verified, denial, rate_limit_headers};
+use sluice_policy::RequestParts;
+
+use super::metrics::Metrics;
+use super::store::AnyStore;
+
+/// The largest request body accepted; a decision needs far less.
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// What the handlers share. `C` is the memory store's clock.
+pub struct AppState<C = SystemClock> {
+    /// The policy and the store.
+    pub enforcer: Arc<Enforcer<AnyStore<C>>>,
+    /// The token `/v1/reset` requires; `None` disables it.
+    pub admin_token: Option<String>,
+    /// The Prometheus exposition, when a recorder is installed.
+    pub metrics: Option<Metrics>,
+    /// Why the last policy reload failed, while the old policy serves.
+    pub reload_error: arc_swap::ArcSwapOption<String>,
+}
+
+/// The server's routes.
+pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
+    Router::new()
+        .route("/v1/limit", post(limit::<C>))
+        .route("/v1/check", post(check::<C>))
+        .route("/v1/reset", post(reset::<C>))
+        .route("/v1/value", get(value::<C>))
+        .route("/v1/decide", post(decide::<C>))
+        .route("/metrics", get(metrics::<C>))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(readyz::<C>))
+        .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
+        .layer(DefaultBodyLimit::max(MAX_BODY))
+        .with_state(state)
+}
+
+/// A problem-details response.
+fn problem(status: StatusCode, detail: String) -> Response {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut res = (status, body.to_string()).into_response();
+    res.headers_mut().insert(header::CONTENT_TYPE, PROBLEM_JSON);
+    res
+}
+
+/// Reads a JSON body, turning every way it can be wrong into a problem.
+// The error is the response that ends the request; boxing it buys nothing.
+#[allow(clippy::result_large_err)]
+fn json<T: serde::de::DeserializeOwned>(
+    body: Result<Bytes, BytesRejection>,
+) -> Result<T, Response> {
+    let bytes = body.map_err(|e| problem(e.status(), e.body_text()))?;
+    serde_json::from_slice(&bytes)
+        .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("malformed JSON body: {e}")))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Call {
+    limit: String,
+    key: String,
+    #[serde(default = "one")]
+    count: f64,
+    #[serde(default)]
+    reserve: bool,
+}
+
+/// Whole numbers print without a fraction, as people write limits.
+fn number<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
+    if x.fract() == 0.0 && x.abs() < 9.0e15 {
+        s.serialize_i64(*x as i64)
+    } else {
+        s.serialize_f64(*x)
+    }
+}
+
+fn one() -> f64 {
+    1.0
+}
+
+#[derive(Debug, Serialize)]
+struct Answer {
+    allowed: bool,
+    #[serde(serialize_with = "number")]
+    limit: f64,
+    remaining: u64,
+    retry_after: Option<f64>,
+    reset: f64,
+}
+
+impl From<Decision> for Answer {
+    fn from(d: Decision) -> Answer {
+        Answer {
+            allowed: d.allowed,
+            limit: d.limit,
+            remaining: d.remaining,
+            retry_after: d.retry_after,
+            reset: d.reset,
+        }
+    }
+}
+
+/// 200 when allowed, 429 when not, with the decision as JSON.
+fn answer(d: Decision) -> Response {
+    let status = if d.allowed {
+        StatusCode::OK
+    } else {
+        StatusCode::TOO_MANY_REQUESTS
+    };
+    (status, axum::Json(Answer::from(d))).into_response()
+}
+
+fn unknown_limit(name: &str) -> Response {
+    problem(
+        StatusCode::NOT_FOUND,
+        format!("no limit named {name:?} in the policy"),
+    )
+}
+
+fn store_failed(e: &StoreError) -> Response {
+    match e {
+        StoreError::Cost(c) => problem(StatusCode::UNPROCESSABLE_ENTITY, c.to_string()),
+        other => problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the store could not decide: {other}"),
+        ),
+    }
+}
+
+async fn call<C: Clock + Send + Sync>(
+    state: &AppState<C>,
+    body: Result<Bytes, BytesRejection>,
+    consume: bool,
+) -> Response {
+    let call: Call = match json(body) {
+        Ok(c) => c,
+        Err(res) => return res,
+    };
+    if !call.count.is_finite() || call.count < 0.0 {
+        return problem(
+            StatusCode::BAD_REQUEST,
+            format!("`count` must be a finite number ≥ 0, got {}", call.count),
+        );
+    }
+    let policy = state.enforcer.policy();
+    let Some(named) = policy.named_limit(&call.limit) else {
+        return unknown_limit(&call.limit);
+    };
+    let mode = match (consume, call.reserve) {
+        (false, r) => Mode {
+            consume: false,
+            reserve: r,
+        },
+        (true, true) => Mode::RESERVE,
+        (true, false) => Mode::CONSUME,
+    };
+    let op = Op::new(named.limit(), &call.key, call.count);
+    let started = std::time::Instant::now();
+    let result = state.enforcer.store().decide(op, mode).await;
+    metrics::histogram!("sluice_store_seconds", "op" => "decide")
+        .record(started.elapsed().as_secs_f64());
+    match result {
+        Ok(d) => {
+            let outcome = if d.allowed { "allowed" } else { "denied" };
+            metrics::counter!("sluice_decisions_total", "rule" => named.name().to_owned(), "outcome" => outcome, "mode" => "enforce")
+                .increment(1);
+            answer(d)
+        }
+        Err(e) => store_failed(&e),
+    }
+}
+
+async fn limit<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    call(&s, body, true).await
+}
+
+async fn check<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    call(&s, body, false).await
+}
+
+/// Whether `headers` carry the admin token. Compared in constant time, so
+/// that response times say nothing about how much of a guess was right.
+fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
+    let Some(token) = &state.admin_token else {
+        return false;
+    };
+    headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|given| constant_time_eq::constant_time_eq(given.as_bytes(), token.as_bytes()))
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyRef {
+    limit: String,
+    key: String,
+}
+
+async fn reset<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    headers: HeaderMap,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    if !is_admin(&s, &headers) {
+        let detail = if s.admin_token.is_some() {
+            "resetting a key needs the admin token: `Authorization: Bearer <token>`"
+        } else {
+            "admin endpoints are disabled: start the server with --admin-token"
+        };
+        let mut res = problem(StatusCode::UNAUTHORIZED, detail.into());
+        res.headers_mut()
+            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        return res;
+    }
+    let r: KeyRef = match json(body) {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let policy = s.enforcer.policy();
+    let Some(limit) = policy.limit(&r.limit) else {
+        return unknown_limit(&r.limit);
+    };
+    match s.enforcer.store().reset(limit, &r.key).await {
+        Ok(()) => (
+            StatusCode::OK,
+            axum::Json(serde_json::json!({"reset": true})),
+        )
+            .into_response(),
+        Err(e) => store_failed(&e),
+    }
+}
+
+async fn value<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    query: Result<Query<KeyRef>, axum::extract::rejection::QueryRejection>,
+) -> Response {
+    let Query(r) = match query {
+        Ok(q) => q,
+        Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
+    };
+    let policy = s.enforcer.policy();
+    let Some(limit) = policy.limit(&r.limit) else {
+        return unknown_limit(&r.limit);
+    };
+    match s.enforcer.store().value(limit, &r.key).await {
+        Ok(v) => axum::Json(serde_json::json!({
+            "limit": limit.algorithm().capacity(),
+            "tokens": v.tokens,
+            "remaining": if v.tokens > 0.0 { v.tokens.floor() } else { 0.0 },
+        }))
+        .into_response(),
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// A request to decide, in the shape `sluice replay` reads.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Event {
+    ip: Option<IpAddr>,
+    #[serde(default = "get_method")]
+    method: String,
+    #[serde(default = "root")]
+    path: String,
+    host: Option<String>,
+    #[serde(default)]
+    headers: BTreeMap<String, String>,
+    #[serde(default)]
+    query: String,
+}
+
+fn get_method() -> String {
+    "GET".into()
+}
+
+fn root() -> String {
+    "/".into()
+}
+
+#[derive(Debug, Serialize)]
+struct DecideAnswer {
+    allowed: bool,
+    rule: Option<String>,
+    limit: Option<f64>,
+    remaining: Option<u64>,
+    retry_after: Option<f64>,
+    reset: Option<f64>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    shadow_denied: Vec<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<String>,
+    headers: BTreeMap<String, String>,
+}
+
+async fn decide<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Result<Bytes, BytesRejection>,
+) -> Response {
+    let e: Event = match json(body) {
+        Ok(e) => e,
+        Err(res) => return res,
+    };
+    let policy = s.enforcer.policy();
+    let parts = RequestParts {
+        ip: e.ip,
+        method: e.method,
+        path: e.path,
+        host: e.host,
+        headers: e.headers.into_iter().collect(),
+        query: e.query,
+        ..RequestParts::default()
+    };
+    // Claims only from a token the policy's keys verify, as the middleware.
+    let verdict = s.enforcer.check(&Verified::new(&parts, &policy)).await;
+    decided(&verdict)
+}
+
+fn decided(v: &Verdict) -> Response {
+    let mut headers: BTreeMap<String, String> = rate_limit_headers(v)
+        .iter()
+        .filter_map(|(n, val)| Some((n.as_str().to_owned(), val.to_str().ok()?.to_owned())))
+        .collect();
+    let (status, error) = if v.allowed {
+        (StatusCode::OK, None)
+    } else {
+        let (status, body) = denial(v);
+        headers.insert("content-type".into(), "application/problem+json".into());
+        let detail = serde_json::from_slice::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|b| b["detail"].as_str().map(str::to_owned));
+        (status, detail)
+    };
+    let d = v.deciding();
+    let answer = DecideAnswer {
+        allowed: v.allowed,
+        rule: v
+            .denied_by()
+            .map(str::to_owned)
+            .or_else(|| d.map(|d| d.rule.clone())),
+        limit: d.map(|d| d.decision.limit),
+        remaining: d.map(|d| d.decision.remaining),
+        retry_after: v.retry_after,
+        reset: d.map(|d| d.decision.reset),
+        shadow_denied: v.shadow_denied.clone(),
+        error: error.filter(|_| v.refusal.is_some()),
+        headers,
+    };
+    (status, axum::Json(answer)).into_response()
+}
+
+async fn metrics<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
+    let Some(m) = &s.metrics else {
+        return problem(StatusCode::NOT_FOUND, "metrics are not enabled".into());
+    };
+    if let Some(n) = s.enforcer.store().keys_held() {
+        metrics::gauge!("sluice_keys").set(n as f64);
+    }
+    (
+        [(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; version=0.0.4"),
+        )],
+        m.render(),
+    )
+        .into_response()
+}
+
+async fn readyz<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
+    if !s.enforcer.store().is_ready() {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "the store is not answering".into(),
+        );
+    }
+    if let Some(e) = s.reload_error.load_full() {
+        return problem(
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("the last policy reload failed, the previous policy serves: {e}"),
+        );
+    }
+    "ready\n".into_response()
+}

@@ -1,0 +1,346 @@
+//! `sluice serve`: the decision API through `app().oneshot`, then the real
+//! binary on a real port, with a real HTTP client, through a policy reload.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use http_body_util::BodyExt;
+use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
+use sluice_core::{FakeClock, MemoryStore, Nanos};
+use sluice_http::Enforcer;
+use sluice_policy::Policy;
+use tower::ServiceExt;
+
+const POLICY: &str = r#"
+limits:
+  sendMessage:
+    algorithm: token_bucket
+    algorithm_config: {rate: 10, period: 60, burst: 2, max_reserved: 5}
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 1}
+"#;
+
+/// A server state on a stopped clock: every call happens at the same
+/// instant, so the numbers below are exact.
+fn state(token: Option<&str>) -> Arc<AppState<FakeClock>> {
+    let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
+    let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
+    Arc::new(AppState {
+        enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
+        admin_token: token.map(str::to_owned),
+        metrics: None,
+        reload_error: arc_swap::ArcSwapOption::empty(),
+    })
+}
+
+async fn call(
+    s: &Arc<AppState<FakeClock>>,
+    method: &str,
+    uri: &str,
+    body: impl Into<Body>,
+    auth: Option<&str>,
+) -> (u16, String, serde_json::Value) {
+    let mut req = http::Request::builder().method(method).uri(uri);
+    if let Some(a) = auth {
+        req = req.header("authorization", a);
+    }
+    let res = app(Arc::clone(s))
+        .oneshot(req.body(body.into()).unwrap())
+        .await
+        .unwrap();
+    let status = res.status().as_u16();
+    let ctype = res
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_owned())
+        .unwrap_or_default();
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
+    (status, ctype, json)
+}
+
+#[tokio::test]
+async fn named_limits_consume_check_reserve_reset_and_read() {
+    let s = state(Some("s3cret"));
+    let body = |count: f64, reserve: bool| {
+        serde_json::json!({"limit": "sendMessage", "key": "u1", "count": count, "reserve": reserve})
+            .to_string()
+    };
+    let (st, _, j) = call(&s, "POST", "/v1/limit", body(2.0, false), None).await;
+    assert_eq!(
+        (st, &j["allowed"], &j["remaining"]),
+        (200, &true.into(), &0.into())
+    );
+    assert_eq!(j["limit"], 2);
+    // A check reports the denial without consuming.
+    let (st, _, j) = call(&s, "POST", "/v1/check", body(1.0, false), None).await;
+    assert_eq!((st, &j["allowed"]), (429, &false.into()));
+    assert_eq!(j["retry_after"], 6.0);
+    // A reservation is allowed with the wait to honour.
+    let (st, _, j) = call(&s, "POST", "/v1/limit", body(3.0, true), None).await;
+    assert_eq!((st, &j["allowed"]), (200, &true.into()));
+    assert_eq!(j["retry_after"], 18.0);
+    let (st, _, j) = call(
+        &s,
+        "GET",
+        "/v1/value?limit=sendMessage&key=u1",
+        Body::empty(),
+        None,
+    )
+    .await;
+    assert_eq!(st, 200);
+    assert!(j["tokens"].as_f64().unwrap() < -2.9);
+    let reset = serde_json::json!({"limit": "sendMessage", "key": "u1"}).to_string();
+    let (st, _, _) = call(&s, "POST", "/v1/reset", reset, Some("Bearer s3cret")).await;
+    assert_eq!(st, 200);
+    let (st, _, j) = call(
+        &s,
+        "GET",
+        "/v1/value?limit=sendMessage&key=u1",
+        Body::empty(),
+        None,
+    )
+    .await;
+    assert_eq!((st, &j["tokens"]), (200, &2.0.into()));
+}
+
+#[tokio::test]
+async fn reset_without_the_admin_token_is_refused_and_changes_nothing() {
+    let s = state(Some("s3cret"));
+    let spend = serde_json::json!({"limit": "sendMessage", "key": "u1", "count": 2}).to_string();
+    call(&s, "POST", "/v1/limit", spend, None).await;
+    let reset = serde_json::json!({"limit": "sendMessage", "key": "u1"}).to_string();
+    for auth in [
+        None,
+        Some("Bearer wrong"),
+        Some("s3cret"),
+        Some("Bearer s3cre"),
+    ] {
+        let (st, ctype, j) = call(&s, "POST", "/v1/reset", reset.clone(), auth).await;
+        assert_eq!(st, 401, "{auth:?}");
+        assert_eq!(ctype, "application/problem+json");
+        assert_eq!(j["status"], 401);
+    }
+    let (_, _, j) = call(
+        &s,
+        "GET",
+        "/v1/value?limit=sendMessage&key=u1",
+        Body::empty(),
+        None,
+    )
+    .await;
+    assert_eq!(j["tokens"], 0.0);
+    // With no token configured, admin endpoints are off altogether.
+    let off = state(None);
+    let (st, _, _) = call(&off, "POST", "/v1/reset", reset, Some("Bearer ")).await;
+    assert_eq!(st, 401);
+}
+
+#[tokio::test]
+async fn bad_input_gets_a_4xx_problem() {
+    let s = state(None);
+    let cases: Vec<(&str, String, u16)> = vec![
+        ("/v1/limit", "{not json".into(), 400),
+        ("/v1/limit", r#"{"limit": "sendMessage"}"#.into(), 400),
+        ("/v1/limit", r#"{"limit": "nope", "key": "k"}"#.into(), 404),
+        (
+            "/v1/limit",
+            r#"{"limit": "sendMessage", "key": "k", "count": -1}"#.into(),
+            400,
+        ),
+        (
+            "/v1/limit",
+            r#"{"limit": "sendMessage", "key": "k", "count": 1e999}"#.into(),
+            400,
+        ),
+        (
+            "/v1/limit",
+            r#"{"limit": "sendMessage", "key": "k", "count": "3"}"#.into(),
+            400,
+        ),
+        (
+            "/v1/limit",
+            r#"{"limit": "sendMessage", "key": "k", "count": 100}"#.into(),
+            422,
+        ),
+        (
+            "/v1/limit",
+            r#"{"limit": "sendMessage", "key": "k", "extra": 1}"#.into(),
+            400,
+        ),
+        ("/v1/limit", "x".repeat(MAX_BODY + 1), 413),
+        ("/v1/decide", r#"{"ip": "not-an-ip"}"#.into(), 400),
+        ("/v1/nothing", "{}".into(), 404),
+    ];
+    for (uri, body, want) in cases {
+        let (st, ctype, j) = call(&s, "POST", uri, body.clone(), None).await;
+        let shown = &body[..body.len().min(60)];
+        assert_eq!(st, want, "{uri} {shown}");
+        assert_eq!(ctype, "application/problem+json", "{uri} {shown}");
+        assert_eq!(j["status"], want, "{uri} {shown}");
+    }
+    let (st, _, _) = call(
+        &s,
+        "GET",
+        "/v1/value?limit=sendMessage",
+        Body::empty(),
+        None,
+    )
+    .await;
+    assert_eq!(st, 400);
+}
+
+#[tokio::test]
+async fn decide_answers_with_the_headers_the_middleware_would_set() {
+    let s = state(None);
+    let event = serde_json::json!({"ip": "203.0.113.9", "method": "GET", "path": "/x"}).to_string();
+    let (st, _, j) = call(&s, "POST", "/v1/decide", event.clone(), None).await;
+    assert_eq!(st, 200);
+    assert_eq!(j["rule"], "per-ip");
+    assert_eq!(j["headers"]["ratelimit"], r#""per-ip";r=0;t=1"#);
+    let (st, _, j) = call(&s, "POST", "/v1/decide", event, None).await;
+    assert_eq!(st, 429);
+    assert_eq!(j["allowed"], false);
+    assert_eq!(j["retry_after"], 1.0);
+    assert_eq!(j["headers"]["retry-after"], "1");
+    // No rule applies without an address.
+    let (st, _, j) = call(&s, "POST", "/v1/decide", "{}", None).await;
+    assert_eq!((st, &j["rule"]), (200, &serde_json::Value::Null));
+}
+
+/// The `sluice` binary, stopped when dropped.
+struct Server(Child);
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `check` until it holds, failing after `within`.
+async fn eventually(within: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[tokio::test]
+async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload_is_bad() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let port = free_port();
+    let _server = Server(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--policy"])
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let ready = || async {
+        client
+            .get(format!("{base}/readyz"))
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    };
+    eventually(Duration::from_secs(10), "the server to start", async || {
+        ready().await == Some(200)
+    })
+    .await;
+
+    let limit = |key: &str, count: u32| {
+        client
+            .post(format!("{base}/v1/limit"))
+            .body(format!(
+                r#"{{"limit": "sendMessage", "key": "{key}", "count": {count}}}"#
+            ))
+            .send()
+    };
+    assert_eq!(limit("k", 2).await.unwrap().status(), 200);
+    assert_eq!(limit("k", 1).await.unwrap().status(), 429);
+
+    // An invalid policy, written in place: the old one keeps serving and
+    // /readyz says why.
+    std::fs::write(
+        &path,
+        "limits: {sendMessage: {algorithm: token_bucket, algorithm_config: {rps: -1}}}",
+    )
+    .unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the bad reload to show",
+        async || ready().await == Some(503),
+    )
+    .await;
+    let why: serde_json::Value = client
+        .get(format!("{base}/readyz"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert!(why["detail"].as_str().unwrap().contains("rps"), "{why}");
+    assert_eq!(limit("k", 1).await.unwrap().status(), 429);
+
+    // A valid one, swapped in by rename: a bigger burst takes effect.
+    let next = dir.path().join("next.yaml");
+    std::fs::write(
+        &next,
+        POLICY.replace("burst: 2, max_reserved: 5", "burst: 50"),
+    )
+    .unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    eventually(Duration::from_secs(10), "the good reload", async || {
+        ready().await == Some(200)
+    })
+    .await;
+    let res = limit("fresh", 40).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["limit"], 50);
+
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("sluice_policy_reloads_total{result=\"error\"} 1"),
+        "{metrics}"
+    );
+    assert!(
+        metrics.contains(
+            "sluice_decisions_total{rule=\"sendMessage\",outcome=\"denied\",mode=\"enforce\"} 2"
+        ),
+        "{metrics}"
+    );
+}
