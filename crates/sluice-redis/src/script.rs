@@ -1,23 +1,33 @@
-//! The one Lua script that decides a batch of transactions, how operations
-//! are encoded for it, and how its reply is read back.
+//! The one Lua script that decides a batch of transactions, how a batch is
+//! encoded for it, and how its reply is read back.
 //!
 //! The script returns the state each operation saw; the decisions themselves
 //! are then computed by `sluice_core::algorithm::evaluate`, the same code the
 //! in-memory store runs, so the two stores cannot drift apart in what they
 //! report.
+//!
+//! Numbers cross the wire as little-endian doubles packed into two binary
+//! arguments per batch (the limits, then the operations), decoded with
+//! `struct.unpack` in the script. That keeps them bit-exact without
+//! formatting or parsing decimal text, and a batch costs five arguments plus
+//! its keys whatever its size. Each distinct limit configuration of a batch
+//! is sent once and referred to by index.
 
+use std::collections::HashMap;
 use std::sync::LazyLock;
 
-use redis::Value;
+use redis::{Cmd, Value};
 use sluice_core::algorithm::{self, State};
 use sluice_core::{Algorithm, Limit, Mode, Nanos, Op, StoreError};
+use smallvec::SmallVec;
 
 use crate::keys;
 
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("lua/transact.lua")));
 
-/// The shared script handle (EVALSHA, reloaded on NOSCRIPT).
+/// The shared script handle: its hash for EVALSHA, its source for reloading
+/// it after NOSCRIPT.
 pub(crate) fn script() -> &'static redis::Script {
     &SCRIPT
 }
@@ -40,21 +50,32 @@ impl TimeUnit {
     }
 }
 
-/// One transaction, encoded.
+/// One operation, owned, as the dispatcher needs it (the caller's [`Op`]
+/// borrows).
+#[derive(Debug)]
+pub(crate) struct TxnOp {
+    /// The first candidate key.
+    key_a: String,
+    /// The second candidate key, when the limit is sharded and it differs.
+    key_b: Option<String>,
+    /// The shard's algorithm.
+    alg: Algorithm,
+    cost: f64,
+    /// The window alignment of a fixed window, in units.
+    origin: i64,
+}
+
+/// One transaction, ready to be batched.
 #[derive(Debug)]
 pub(crate) struct Txn {
     /// Bit 0: consume; bit 1: reserve.
-    pub(crate) flags: u8,
-    /// Two keys per operation: the two candidate shards (equal when unsharded).
-    pub(crate) keys: Vec<String>,
-    /// Seven arguments per operation: kind, five parameters, cost.
-    pub(crate) args: Vec<String>,
-    /// The window alignment of each operation, in nanoseconds.
-    pub(crate) offsets: Vec<i64>,
+    flags: u8,
+    ops: SmallVec<[TxnOp; 1]>,
+    unit: TimeUnit,
 }
 
 impl Txn {
-    /// Encodes `ops` (already validated) for the script.
+    /// Encodes `ops` (already validated and not empty) for the script.
     pub(crate) fn encode(
         prefix: &str,
         ops: &[Op<'_>],
@@ -63,13 +84,11 @@ impl Txn {
     ) -> Result<Txn, StoreError> {
         let mut txn = Txn {
             flags: u8::from(mode.consume) | (u8::from(mode.reserve) << 1),
-            keys: Vec::with_capacity(ops.len() * 2),
-            args: Vec::with_capacity(ops.len() * 7),
-            offsets: Vec::with_capacity(ops.len()),
+            ops: SmallVec::with_capacity(ops.len()),
+            unit,
         };
         for op in ops {
-            let (a, b) = op.shards();
-            txn.push(prefix, op.limit, op.key, (a, b), op.cost, unit)?;
+            txn.push(prefix, op.limit, op.key, op.shards(), op.cost)?;
         }
         Ok(txn)
     }
@@ -83,12 +102,11 @@ impl Txn {
     ) -> Result<Txn, StoreError> {
         let mut txn = Txn {
             flags: 0,
-            keys: Vec::new(),
-            args: Vec::new(),
-            offsets: Vec::new(),
+            ops: SmallVec::with_capacity(limit.shards() as usize),
+            unit,
         };
         for s in 0..limit.shards() {
-            txn.push(prefix, limit, key, (s, s), 0.0, unit)?;
+            txn.push(prefix, limit, key, (s, s), 0.0)?;
         }
         Ok(txn)
     }
@@ -100,25 +118,11 @@ impl Txn {
         key: &str,
         (a, b): (u32, u32),
         cost: f64,
-        unit: TimeUnit,
     ) -> Result<(), StoreError> {
-        let u = unit.ns();
-        let alg = limit.shard_algorithm();
-        self.keys.push(keys::shard_key(prefix, limit, key, a));
-        self.keys.push(keys::shard_key(prefix, limit, key, b));
-        let mr = |m: Option<f64>| m.map_or_else(|| "-1".to_owned(), |m| m.to_string());
-        match alg {
-            Algorithm::TokenBucket(tb) => {
-                self.offsets.push(0);
-                self.args.extend([
-                    "1".to_owned(),
-                    tb.tokens_per_period().to_string(),
-                    tb.period().0.to_string(),
-                    tb.burst().to_string(),
-                    mr(tb.max_reserved()),
-                    "0".to_owned(),
-                ]);
-            }
+        let u = self.unit.ns();
+        let alg = *limit.shard_algorithm();
+        let origin = match &alg {
+            Algorithm::TokenBucket(_) => 0,
             Algorithm::FixedWindow(fw) => {
                 let whole = |ns: i64, what: &str| {
                     if ns % u == 0 {
@@ -131,34 +135,149 @@ impl Txn {
                         )))
                     }
                 };
-                let period = whole(fw.period().0, "period")?;
-                let origin = match fw.start() {
+                whole(fw.period().0, "period")?;
+                match fw.start() {
                     Some(start) => whole(start.0, "start")?,
                     // The key's own alignment, rounded to the unit so the
                     // script and the decision agree on it.
-                    None => algorithm::key_offset(alg, key).div_euclid(u),
-                };
-                self.offsets.push(origin * u);
-                self.args.extend([
-                    "2".to_owned(),
-                    fw.rate().to_string(),
-                    period.to_string(),
-                    fw.capacity().to_string(),
-                    mr(fw.max_reserved()),
-                    origin.to_string(),
-                ]);
+                    None => algorithm::key_offset(&alg, key).div_euclid(u),
+                }
             }
-        }
-        self.args.push(cost.to_string());
+        };
+        self.ops.push(TxnOp {
+            key_a: keys::shard_key(prefix, limit, key, a),
+            key_b: (b != a).then(|| keys::shard_key(prefix, limit, key, b)),
+            alg,
+            cost,
+            origin,
+        });
         Ok(())
+    }
+
+    /// How many operations the transaction has.
+    pub(crate) fn len(&self) -> usize {
+        self.ops.len()
+    }
+
+    /// The window alignment of each operation, in nanoseconds: the `offset`
+    /// of `algorithm::evaluate`.
+    pub(crate) fn offsets(&self) -> impl Iterator<Item = i64> + '_ {
+        let u = self.unit.ns();
+        self.ops.iter().map(move |op| op.origin * u)
     }
 
     /// The Cluster slot of the transaction, or `None` if its keys span slots.
     pub(crate) fn slot(&self) -> Option<u16> {
-        let mut slots = self.keys.iter().map(|k| keys::slot(k));
+        let mut slots = self
+            .ops
+            .iter()
+            .flat_map(|op| std::iter::once(&op.key_a).chain(&op.key_b))
+            .map(|k| keys::slot(k));
         let first = slots.next()?;
         slots.all(|s| s == first).then_some(first)
     }
+}
+
+/// Distinct limit configurations looked for before a batch just repeats one:
+/// a batch rarely has more, and repeating is only a few bytes.
+const LIMIT_SCAN: usize = 16;
+
+/// Appends a limit record for the script, with times in units of `u` ns.
+fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
+    let mr = |m: Option<f64>| m.unwrap_or(-1.0);
+    let (kind, p) = match alg {
+        Algorithm::TokenBucket(tb) => (
+            1u8,
+            [
+                tb.tokens_per_period(),
+                // The same conversion as algorithm.rs's refill, so the
+                // script divides by the same double.
+                tb.period().0 as f64,
+                tb.burst(),
+                mr(tb.max_reserved()),
+            ],
+        ),
+        Algorithm::FixedWindow(fw) => (
+            2u8,
+            [
+                fw.rate(),
+                // Checked to be a whole number of units in `Txn::push`.
+                (fw.period().0 / u) as f64,
+                fw.capacity(),
+                mr(fw.max_reserved()),
+            ],
+        ),
+    };
+    out.push(kind);
+    for x in p {
+        out.extend_from_slice(&x.to_le_bytes());
+    }
+}
+
+/// Builds one script call deciding `txns` in order.
+pub(crate) fn invocation<'a>(
+    txns: impl Iterator<Item = &'a Txn> + Clone,
+    unit: TimeUnit,
+    now: Option<Nanos>,
+    min_ttl_ms: u64,
+) -> Cmd {
+    let u = unit.ns();
+    let nops: usize = txns.clone().map(Txn::len).sum();
+    // The same key in two transactions of a batch gets one index, so that
+    // each sees what the ones before it wrote.
+    let mut index: HashMap<&str, u32> = HashMap::with_capacity(nops);
+    let mut key_list: Vec<&str> = Vec::with_capacity(nops);
+    let mut limits: SmallVec<[&Algorithm; 4]> = SmallVec::new();
+    let mut limit_blob: Vec<u8> = Vec::with_capacity(33 * 2);
+    let mut op_blob: Vec<u8> = Vec::with_capacity(29 * nops);
+    let mut key_bytes = 0;
+    let mut key_of = |k: &'a str| -> u32 {
+        let next = key_list.len() as u32 + 1;
+        *index.entry(k).or_insert_with(|| {
+            key_list.push(k);
+            key_bytes += k.len();
+            next
+        })
+    };
+    for txn in txns {
+        let n = txn.ops.len();
+        for (i, op) in txn.ops.iter().enumerate() {
+            let a = key_of(&op.key_a);
+            let b = op.key_b.as_deref().map_or(a, &mut key_of);
+            let l = match limits.iter().take(LIMIT_SCAN).position(|&x| *x == op.alg) {
+                Some(i) => i + 1,
+                None => {
+                    limits.push(&op.alg);
+                    push_limit(&mut limit_blob, &op.alg, u);
+                    limits.len()
+                }
+            };
+            let ctl = txn.flags | (u8::from(i == 0) << 2) | (u8::from(i + 1 == n) << 3);
+            op_blob.push(ctl);
+            op_blob.extend_from_slice(&a.to_le_bytes());
+            op_blob.extend_from_slice(&b.to_le_bytes());
+            op_blob.extend_from_slice(&(l as u32).to_le_bytes());
+            op_blob.extend_from_slice(&op.cost.to_le_bytes());
+            op_blob.extend_from_slice(&(op.origin as f64).to_le_bytes());
+        }
+    }
+    let mut cmd = Cmd::with_capacity(
+        8 + key_list.len(),
+        96 + key_bytes + limit_blob.len() + op_blob.len(),
+    );
+    cmd.arg("EVALSHA")
+        .arg(script().get_hash())
+        .arg(key_list.len());
+    for k in &key_list {
+        cmd.arg(*k);
+    }
+    cmd.arg(u);
+    match now {
+        Some(now) => cmd.arg(now.0.div_euclid(u)),
+        None => cmd.arg(""),
+    };
+    cmd.arg(min_ttl_ms).arg(limit_blob).arg(op_blob);
+    cmd
 }
 
 /// What the script said about one operation.
@@ -175,64 +294,16 @@ pub(crate) struct Seen {
 pub(crate) struct TxnReply {
     pub(crate) allowed: bool,
     pub(crate) now: Nanos,
-    pub(crate) ops: Vec<Seen>,
-}
-
-/// Builds one script call deciding `txns` in order.
-pub(crate) fn invocation<'a>(
-    txns: &[&Txn],
-    unit: TimeUnit,
-    now: Option<Nanos>,
-    min_ttl_ms: u64,
-) -> redis::ScriptInvocation<'a> {
-    let mut inv = script().prepare_invoke();
-    // The same key in two transactions of a batch gets one index, so that a
-    // transaction naming a key twice sees its own pending write.
-    let mut index: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
-    let mut key_args: Vec<usize> = Vec::new();
-    for txn in txns {
-        for k in &txn.keys {
-            let next = index.len() + 1;
-            let i = *index.entry(k.as_str()).or_insert_with(|| {
-                inv.key(k.as_str());
-                next
-            });
-            key_args.push(i);
-        }
-    }
-    inv.arg(unit.ns());
-    match now {
-        Some(now) => inv.arg(now.0.div_euclid(unit.ns())),
-        None => inv.arg(""),
-    };
-    inv.arg(txns.len());
-    inv.arg(min_ttl_ms);
-    let mut keys = key_args.into_iter();
-    for txn in txns {
-        let ops = txn.keys.len() / 2;
-        inv.arg(txn.flags);
-        inv.arg(ops);
-        for op in 0..ops {
-            inv.arg(keys.next().unwrap_or(1));
-            inv.arg(keys.next().unwrap_or(1));
-            for a in &txn.args[op * 7..op * 7 + 7] {
-                inv.arg(a.as_str());
-            }
-        }
-    }
-    inv
+    pub(crate) ops: SmallVec<[Seen; 2]>,
 }
 
 fn malformed(what: &str) -> StoreError {
     StoreError::Unavailable(format!("unexpected reply from the Redis script: {what}"))
 }
 
-/// Reads the script's reply: one [`TxnReply`] per transaction, in order.
-pub(crate) fn parse_reply(
-    value: Value,
-    unit: TimeUnit,
-    expect: &[usize],
-) -> Result<Vec<TxnReply>, StoreError> {
+/// Reads the script's reply: its time, and the packed decisions, handed out
+/// one [`TxnReply`] per transaction, in order, by [`Replies::next_txn`].
+pub(crate) fn parse_reply(value: Value, unit: TimeUnit) -> Result<Replies, StoreError> {
     let Value::Array(items) = value else {
         return Err(malformed("not an array"));
     };
@@ -241,43 +312,64 @@ pub(crate) fn parse_reply(
         Some(Value::Int(n)) => Nanos(n.saturating_mul(unit.ns())),
         _ => return Err(malformed("no time")),
     };
-    let replies: Vec<TxnReply> = items
-        .zip(expect)
-        .map(|(item, &ops)| parse_txn(item, unit, now, ops))
-        .collect::<Result<_, _>>()?;
-    if replies.len() != expect.len() {
-        return Err(malformed("too few transactions"));
-    }
-    Ok(replies)
+    let Some(Value::BulkString(bytes)) = items.next() else {
+        return Err(malformed("no decisions"));
+    };
+    Ok(Replies {
+        bytes,
+        at: 0,
+        now,
+        unit,
+    })
 }
 
-fn parse_txn(item: Value, unit: TimeUnit, now: Nanos, ops: usize) -> Result<TxnReply, StoreError> {
-    let Value::Array(fields) = item else {
-        return Err(malformed("transaction is not an array"));
-    };
-    if fields.len() != 1 + 2 * ops {
-        return Err(malformed("wrong number of fields"));
+/// The decisions of a batch, read transaction by transaction.
+#[derive(Debug)]
+pub(crate) struct Replies {
+    bytes: Vec<u8>,
+    at: usize,
+    now: Nanos,
+    unit: TimeUnit,
+}
+
+impl Replies {
+    fn take(&mut self, n: usize) -> Result<&[u8], StoreError> {
+        let b = self
+            .bytes
+            .get(self.at..self.at + n)
+            .ok_or_else(|| malformed("too short"))?;
+        self.at += n;
+        Ok(b)
     }
-    let mut fields = fields.into_iter();
-    let allowed = matches!(fields.next(), Some(Value::Int(1)));
-    let mut seen = Vec::with_capacity(ops);
-    while let (Some(pick), Some(state)) = (fields.next(), fields.next()) {
-        let pick = match pick {
-            Value::Int(1) => 1,
-            _ => 0,
-        };
-        let state = match state {
-            Value::Nil => None,
-            Value::BulkString(b) => Some(decode_state(&b, unit)?),
-            _ => return Err(malformed("state is not a string")),
-        };
-        seen.push(Seen { pick, state });
+
+    /// The next transaction's reply; it had `ops` operations.
+    pub(crate) fn next_txn(&mut self, ops: usize) -> Result<TxnReply, StoreError> {
+        let allowed = self.take(1)?[0] == 1;
+        let mut seen = SmallVec::with_capacity(ops);
+        for _ in 0..ops {
+            let tag = self.take(1)?[0];
+            let state = if tag & 2 != 0 {
+                let unit = self.unit;
+                Some(decode_state(self.take(16)?, unit)?)
+            } else {
+                None
+            };
+            seen.push(Seen {
+                pick: tag & 1,
+                state,
+            });
+        }
+        Ok(TxnReply {
+            allowed,
+            now: self.now,
+            ops: seen,
+        })
     }
-    Ok(TxnReply {
-        allowed,
-        now,
-        ops: seen,
-    })
+
+    /// Whether every transaction has been read, and nothing is left over.
+    pub(crate) fn finished(&self) -> bool {
+        self.at == self.bytes.len()
+    }
 }
 
 /// A stored state: two little-endian doubles, tokens and time in `unit`s.
@@ -311,16 +403,32 @@ mod tests {
         assert_eq!(s.ts, Nanos(7_000));
         assert!(decode_state(&b[..15], TimeUnit::ClientNanos).is_err());
 
-        let ok = Value::Array(vec![
-            Value::Int(5),
-            Value::Array(vec![Value::Int(1), Value::Int(0), Value::Nil]),
-        ]);
-        let r = parse_reply(ok, TimeUnit::ClientNanos, &[1]).unwrap();
-        assert!(r[0].allowed);
-        assert_eq!(r[0].now, Nanos(5));
-        assert_eq!(r[0].ops[0].state, None);
-        assert!(parse_reply(Value::Int(3), TimeUnit::ClientNanos, &[1]).is_err());
+        // Two transactions: one allowed op that saw no state; one denied
+        // op that used its second key and saw `b`.
+        let mut blob = vec![1, 0, 0, 3];
+        blob.extend(&b);
+        let ok = Value::Array(vec![Value::Int(5), Value::BulkString(blob)]);
+        let mut r = parse_reply(ok, TimeUnit::ClientNanos).unwrap();
+        let first = r.next_txn(1).unwrap();
+        assert!(first.allowed);
+        assert_eq!(first.now, Nanos(5));
+        assert_eq!(first.ops[0].state, None);
+        assert!(!r.finished());
+        let second = r.next_txn(1).unwrap();
+        assert!(!second.allowed);
+        assert_eq!(second.ops[0].pick, 1);
+        assert_eq!(
+            second.ops[0].state,
+            Some(State {
+                tokens: 2.5,
+                ts: Nanos(7)
+            })
+        );
+        assert!(r.finished());
+        assert!(r.next_txn(1).is_err());
+
+        assert!(parse_reply(Value::Int(3), TimeUnit::ClientNanos).is_err());
         let short = Value::Array(vec![Value::Int(5)]);
-        assert!(parse_reply(short, TimeUnit::ClientNanos, &[1]).is_err());
+        assert!(parse_reply(short, TimeUnit::ClientNanos).is_err());
     }
 }

@@ -9,13 +9,14 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
-use redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
+use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use sluice_core::algorithm;
 use sluice_core::{
     Algorithm, Clock, Decision, Limit, Mode, Nanos, Op, Outcome, Store, StoreError, SystemClock,
 };
 use smallvec::SmallVec;
 use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::cache::DenyCache;
 use crate::config::{ConfigError, RedisConfig};
@@ -142,6 +143,9 @@ impl Shared {
 struct Job {
     txn: Txn,
     reply: oneshot::Sender<Result<(Txn, TxnReply), StoreError>>,
+    /// When the caller's time is up. The dispatcher enforces it, with one
+    /// timer per script call rather than one per decision.
+    deadline: Instant,
 }
 
 /// A [`Store`] on Redis or Redis Cluster: every server that shares it shares
@@ -270,12 +274,20 @@ impl RedisStore {
     async fn remote(&self, txn: Txn) -> Result<(Txn, TxnReply), StoreError> {
         let shared = &self.shared;
         let (tx, rx) = oneshot::channel();
-        let result = match self.jobs.try_send(Job { txn, reply: tx }) {
+        let job = Job {
+            txn,
+            reply: tx,
+            deadline: Instant::now() + shared.config.timeout(),
+        };
+        // The dispatcher answers every job by its deadline: a job still
+        // queued then is answered as soon as a call slot frees, which the
+        // calls in flight (sent earlier, so with earlier deadlines) do by
+        // theirs.
+        let result = match self.jobs.try_send(job) {
             Err(_) => Err(StoreError::Unavailable("too many decisions queued".into())),
-            Ok(()) => match tokio::time::timeout(shared.config.timeout(), rx).await {
-                Err(_) => Err(StoreError::Timeout),
-                Ok(Err(_)) => Err(StoreError::Unavailable("the dispatcher stopped".into())),
-                Ok(Ok(r)) => r,
+            Ok(()) => match rx.await {
+                Err(_) => Err(StoreError::Unavailable("the dispatcher stopped".into())),
+                Ok(r) => r,
             },
         };
         if let Err(e) = &result {
@@ -351,7 +363,13 @@ impl RedisStore {
             if committed {
                 tokens -= op.cost;
             }
-            cache.learn(fp, alg, tokens, sent);
+            // A bound that would not deny this same call again is unlikely
+            // to deny the next one, and learning costs a write to a shared
+            // slot on every allowed call. Skipping it is safe: an older
+            // entry is still an upper bound, just a weaker one.
+            if tokens < op.cost {
+                cache.learn(fp, alg, tokens, sent);
+            }
         }
     }
 }
@@ -417,12 +435,28 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
-        let mut batch = vec![first];
-        while batch.len() < max {
-            match rx.try_recv() {
-                Ok(job) => batch.push(job),
-                Err(_) => break,
+        if slots.available_permits() + 1 < in_flight {
+            // Another call is in flight, so Redis is busy: let the callers
+            // that are ready to run queue their transactions first, and
+            // send them together. Fewer, larger calls cost Redis and this
+            // process less per decision; when idle, a call leaves at once.
+            tokio::task::yield_now().await;
+        }
+        let now = Instant::now();
+        let mut batch = Vec::with_capacity(max.min(rx.len() + 1));
+        let mut job = Some(first);
+        while let Some(j) = job.take() {
+            if j.deadline <= now {
+                let _ = j.reply.send(Err(StoreError::Timeout));
+            } else {
+                batch.push(j);
             }
+            if batch.len() < max {
+                job = rx.try_recv().ok();
+            }
+        }
+        if batch.is_empty() {
+            continue;
         }
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -453,29 +487,82 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
     }
 }
 
-/// One script call for `jobs`, answering each.
+/// Runs the script, loading it first if Redis does not have it (a restart,
+/// `SCRIPT FLUSH`, a new Cluster node).
+async fn eval(shared: &Shared, cmd: &Cmd) -> Result<Value, RedisError> {
+    let mut conn = shared.conn.clone();
+    match cmd.query_async::<Value>(&mut conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script::script().load_async(&mut conn).await?;
+            cmd.query_async::<Value>(&mut conn).await
+        }
+        r => r,
+    }
+}
+
+/// One script call for `jobs`, answering each by its own deadline: a job
+/// whose time is up fails alone, and the call goes on for the others, so a
+/// backlog of old jobs never cuts short the time of fresh ones.
 async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
     let now = shared.client_time.then(|| shared.clock.now());
-    let expect: Vec<usize> = jobs.iter().map(|j| j.txn.keys.len() / 2).collect();
-    let inv = {
-        let txns: Vec<&Txn> = jobs.iter().map(|j| &j.txn).collect();
-        script::invocation(&txns, shared.unit, now, shared.min_ttl_ms())
-    };
-    let mut conn = shared.conn.clone();
+    let cmd = script::invocation(
+        jobs.iter().map(|j| &j.txn),
+        shared.unit,
+        now,
+        shared.min_ttl_ms(),
+    );
+    let lens: SmallVec<[usize; 32]> = jobs.iter().map(|j| j.txn.len()).collect();
+    let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
     bump(&shared.counters.script_calls);
-    let result = shared
-        .within(inv.invoke_async::<Value>(&mut conn))
-        .await
-        .and_then(|v| script::parse_reply(v, shared.unit, &expect));
-    match result {
-        Ok(replies) => {
-            shared.ready.store(true, Ordering::Relaxed);
-            for (job, reply) in jobs.into_iter().zip(replies) {
-                let _ = job.reply.send(Ok((job.txn, reply)));
+    let result = {
+        let mut reply = std::pin::pin!(eval(&shared, &cmd));
+        loop {
+            let Some(deadline) = jobs.iter().flatten().map(|j| j.deadline).min() else {
+                // Every caller has been answered: nobody waits for the reply.
+                return;
+            };
+            tokio::select! {
+                biased;
+                r = &mut reply => break r.map_err(|e| shared.classify(&e)),
+                () = tokio::time::sleep_until(deadline) => {
+                    let now = Instant::now();
+                    for slot in &mut jobs {
+                        if let Some(job) = slot.take_if(|j| j.deadline <= now) {
+                            let _ = job.reply.send(Err(StoreError::Timeout));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    drop(cmd);
+    let replies = result.and_then(|v| {
+        shared.ready.store(true, Ordering::Relaxed);
+        let mut replies = script::parse_reply(v, shared.unit)?;
+        // Every reply is read before any is sent, so a malformed one fails
+        // the whole batch rather than answering part of it.
+        let parsed = lens
+            .iter()
+            .map(|&n| replies.next_txn(n))
+            .collect::<Result<Vec<TxnReply>, StoreError>>()?;
+        if replies.finished() {
+            Ok(parsed)
+        } else {
+            Err(StoreError::Unavailable(
+                "unexpected reply from the Redis script: too long".into(),
+            ))
+        }
+    });
+    match replies {
+        Ok(parsed) => {
+            for (job, reply) in jobs.into_iter().zip(parsed) {
+                if let Some(job) = job {
+                    let _ = job.reply.send(Ok((job.txn, reply)));
+                }
             }
         }
         Err(e) => {
-            for job in jobs {
+            for job in jobs.into_iter().flatten() {
                 let _ = job.reply.send(Err(e.clone()));
             }
         }
@@ -486,6 +573,10 @@ impl Store for RedisStore {
     async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
             op.validate(mode.reserve)?;
+        }
+        if ops.is_empty() {
+            // Nothing to decide: allowed, as by every store.
+            return Ok(Outcome::from_decisions(SmallVec::new()));
         }
         let shared = &self.shared;
         let sent = shared.clock.now();
@@ -502,8 +593,8 @@ impl Store for RedisStore {
         let decisions: SmallVec<[Decision; 2]> = ops
             .iter()
             .zip(&reply_txn.ops)
-            .zip(&txn.offsets)
-            .map(|((op, seen), &offset)| {
+            .zip(txn.offsets())
+            .map(|((op, seen), offset)| {
                 let alg = op.limit.shard_algorithm();
                 algorithm::evaluate(
                     alg,
@@ -567,8 +658,8 @@ impl Store for RedisStore {
         let parts: Vec<sluice_core::Value> = reply
             .ops
             .iter()
-            .zip(&txn.offsets)
-            .map(|(seen, &offset)| algorithm::current(alg, seen.state, offset, reply.now))
+            .zip(txn.offsets())
+            .map(|(seen, offset)| algorithm::current(alg, seen.state, offset, reply.now))
             .collect();
         Ok(sluice_core::Value {
             tokens: parts.iter().map(|v| v.tokens).sum(),

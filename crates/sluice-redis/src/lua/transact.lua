@@ -1,138 +1,228 @@
 -- Decides a batch of transactions atomically, mirroring sluice-core's
 -- algorithm.rs operation for operation so that the floating-point results
--- agree bit for bit. Each transaction is all-or-nothing on its own.
+-- agree bit for bit. Each transaction is all-or-nothing on its own; they are
+-- decided in order, each seeing what the ones before it committed.
 --
 -- A state is struct.pack('<dd', tokens, ts) with ts in time units of
 -- ARGV[1] nanoseconds. Its TTL is the time until the bucket is full again;
 -- a full bucket is deleted, since a missing key means full.
 --
--- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), transactions,
--- min_ttl_ms, then per transaction: flags (1 consume, 2 reserve), ops;
--- then per op: key a, key b (indices into KEYS), kind (1 token bucket,
--- 2 fixed window), p1, p2, p3, p4, p5, cost.
---   token bucket: tokens per period, period in ns, burst, max_reserved (-1: none), 0
---   fixed window: rate, period in units, capacity, max_reserved (-1: none), origin in units
--- Returns {now, {allowed, pick_1, state_1, pick_2, state_2, ...}, ...}: the
--- state each op saw (false: none) and which of its two keys it used (0 or 1).
+-- KEYS: every distinct key of the batch.
+-- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
+-- ops, where limits and ops are packed little-endian records:
+--   limit: kind (B: 1 token bucket, 2 fixed window), p1, p2, p3, p4 (d)
+--     token bucket: tokens per period, period in ns, burst, max_reserved (-1: none)
+--     fixed window: rate, period in units, capacity, max_reserved (-1: none)
+--   op: ctl (B), key a, key b (I4, indices into KEYS), limit (I4, index
+--     into the limits), cost (d), origin in units (d, fixed window only)
+--     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op
+-- Returns {now, replies}: replies is a string holding, per transaction, one
+-- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
+-- keys it used; bit 1: a state follows) and the state it saw, '<dd'.
+--
+-- Speed matters here: every key is read with one MGET, every key written is
+-- written once at the end with its TTL in the same SET, and the hot loop
+-- keeps to locals and arrays (no table per operation).
+
+local unpack_s, pack_s = struct.unpack, struct.pack
+local call = redis.call
+local floor, ceil = math.floor, math.ceil
+local keys = KEYS
 
 local unit = tonumber(ARGV[1])
 local now
 if ARGV[2] == '' then
-  local t = redis.call('TIME')
+  local t = call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
 else
   now = tonumber(ARGV[2])
 end
-local min_ttl = tonumber(ARGV[4])
+local min_ttl = tonumber(ARGV[3])
 
-local function elapsed_units(from)
-  local e = now - from
-  if e < 0 then return 0 end
-  return e
+-- The limits, as parallel arrays.
+local kind, p1, p2, p3, p4 = {}, {}, {}, {}, {}
+do
+  local blob, pos, n = ARGV[4], 1, 0
+  local len = #blob
+  while pos <= len do
+    n = n + 1
+    kind[n], p1[n], p2[n], p3[n], p4[n], pos = unpack_s('<Bdddd', blob, pos)
+  end
 end
 
--- floor(a / b) for non-negative integers held exactly in doubles.
+-- Every state, read at once: tok[k] is false for a missing key. Chunked so
+-- that unpack stays within Lua's stack limit.
+local nkeys = #keys
+local tok, tsv = {}, {}
+do
+  local i = 1
+  while i <= nkeys do
+    local j = i + 3999
+    if j > nkeys then j = nkeys end
+    local vals = call('MGET', unpack(keys, i, j))
+    for k = i, j do
+      local v = vals[k - i + 1]
+      if v then
+        tok[k], tsv[k] = unpack_s('<dd', v)
+      else
+        tok[k] = false
+      end
+    end
+    i = j + 1
+  end
+end
+
+-- floor(a / b) for integers held exactly in doubles.
 local function idiv(a, b)
-  local q = math.floor(a / b)
+  local q = floor(a / b)
   if q * b > a then q = q - 1 elseif (q + 1) * b <= a then q = q + 1 end
   return q
 end
 
--- The state at now: refilled (token bucket) or rolled over (fixed window).
-local function advance(op, s)
-  if op.kind == 1 then
-    if not s then return op.p3, now end
-    local tokens = math.min(s[1] + (elapsed_units(s[2]) * unit) * op.p1 / op.p2, op.p3)
-    return tokens, math.max(s[2], now)
+-- The state of a key at now under limit l: refilled (token bucket) or rolled
+-- over (fixed window). `tokens` false: no state.
+local function advance(l, tokens, ts, origin)
+  if kind[l] == 1 then
+    if not tokens then return p3[l], now end
+    local e = now - ts
+    if e < 0 then e = 0 end
+    local t = tokens + e * unit * p1[l] / p2[l]
+    if t > p3[l] then t = p3[l] end
+    if now > ts then ts = now end
+    return t, ts
   end
-  local period = op.p2
-  if not s then
-    local origin = op.p5
-    return op.p3, origin + idiv(now - origin, period) * period
+  local period = p2[l]
+  if not tokens then
+    return p3[l], origin + idiv(now - origin, period) * period
   end
-  local windows = idiv(elapsed_units(s[2]), period)
-  return math.min(s[1] + op.p1 * windows, op.p3), s[2] + windows * period
+  local e = now - ts
+  if e < 0 then e = 0 end
+  local windows = idiv(e, period)
+  local t = tokens + p1[l] * windows
+  if t > p3[l] then t = p3[l] end
+  return t, ts + windows * period
 end
 
-local function may_reserve(reserve, deficit, max_reserved)
-  return reserve and (max_reserved < 0 or deficit <= max_reserved)
-end
-
-local function ttl_ms(op, tokens, ts)
-  local missing = op.p3 - tokens
-  local span
-  if op.kind == 1 then
-    span = missing * op.p2 / op.p1
+-- Committed writes: the final state of each key is written once, below.
+local wlim, written, nwritten = {}, {}, 0
+local function commit(k, t, ts, l)
+  if t >= p3[l] then
+    -- Full: deleted, so later transactions see no state, as after a DEL.
+    tok[k] = false
   else
-    span = math.ceil(missing / op.p1) * op.p2 * unit
+    tok[k], tsv[k] = t, ts
   end
-  local ms = math.ceil(((ts - now) * unit + span) / 1000000) + 1
-  if ms < min_ttl then ms = min_ttl end
-  return ms
+  if not wlim[k] then
+    nwritten = nwritten + 1
+    written[nwritten] = k
+  end
+  wlim[k] = l
 end
 
-local out = {now}
-local i = 5
-for t = 1, tonumber(ARGV[3]) do
-  local flags = tonumber(ARGV[i])
-  local n = tonumber(ARGV[i + 1])
-  i = i + 2
-  local consume = flags % 2 == 1
-  local reserve = flags >= 2
-  local pending = {}
-  local order = {}
-  local reply = {1}
-  local ok = true
-  local function read(k)
-    local p = pending[k]
-    if p then return p end
-    local v = redis.call('GET', KEYS[k])
-    if not v then return false end
-    local tokens, ts = struct.unpack('<dd', v)
-    return {tokens, ts}
-  end
-  for _ = 1, n do
-    local op = {
-      a = tonumber(ARGV[i]), b = tonumber(ARGV[i + 1]), kind = tonumber(ARGV[i + 2]),
-      p1 = tonumber(ARGV[i + 3]), p2 = tonumber(ARGV[i + 4]), p3 = tonumber(ARGV[i + 5]),
-      p4 = tonumber(ARGV[i + 6]), p5 = tonumber(ARGV[i + 7]), cost = tonumber(ARGV[i + 8]),
-    }
-    i = i + 9
-    local k, pick = op.a, 0
-    local s = read(op.a)
-    if op.b ~= op.a then
-      local sb = read(op.b)
-      local ta = advance(op, s)
-      local tb = advance(op, sb)
-      if tb > ta then k, pick, s = op.b, 1, sb end
-    end
-    local available, ts = advance(op, s)
-    local deficit = op.cost - available
-    local allowed = available >= op.cost or may_reserve(reserve, deficit, op.p4)
-    if allowed then
-      if not pending[k] then order[#order + 1] = k end
-      pending[k] = {available - op.cost, ts, op}
+local PICK = {[0] = '\0', [1] = '\1'}
+local out, nout = {}, 0
+-- Per transaction: where its verdict byte is, whether it still holds, and
+-- (several ops only) its pending writes, which its own later ops see.
+local head, ok
+local ptok, pts, plim, porder, npend
+local blob = ARGV[5]
+local pos, len = 1, #ARGV[5]
+while pos <= len do
+  local ctl, a, b, l, cost, origin
+  ctl, a, b, l, cost, origin, pos = unpack_s('<BI4I4I4dd', blob, pos)
+  local consume = ctl % 2 == 1
+  local reserve = ctl % 4 >= 2
+  local first = ctl % 8 >= 4
+  local last = ctl >= 8
+  if first then
+    nout = nout + 1
+    head = nout
+    out[nout] = '\1'
+    ok = true
+    if last then
+      ptok = nil
     else
-      ok = false
-    end
-    reply[#reply + 1] = pick
-    if s then
-      reply[#reply + 1] = struct.pack('<dd', s[1], s[2])
-    else
-      reply[#reply + 1] = false
+      ptok, pts, plim, porder, npend = {}, {}, {}, {}, 0
     end
   end
-  if ok and consume then
-    for _, k in ipairs(order) do
-      local p = pending[k]
-      if p[1] >= p[3].p3 then
-        redis.call('DEL', KEYS[k])
-      else
-        redis.call('SET', KEYS[k], struct.pack('<dd', p[1], p[2]), 'PX', ttl_ms(p[3], p[1], p[2]))
+
+  local k, pick = a, 0
+  local st, sts
+  if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts = tok[a], tsv[a] end
+  local avail, ts = advance(l, st, sts, origin)
+  if b ~= a then
+    local sb, sbts
+    if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts = tok[b], tsv[b] end
+    local availb, tsb = advance(l, sb, sbts, origin)
+    if availb > avail then
+      k, pick, st, sts, avail, ts = b, 1, sb, sbts, availb, tsb
+    end
+  end
+
+  local allowed = avail >= cost
+  if not allowed and reserve then
+    local mr = p4[l]
+    allowed = mr < 0 or cost - avail <= mr
+  end
+  if allowed then
+    if not ptok then
+      if consume then commit(k, avail - cost, ts, l) end
+    else
+      if not ptok[k] then
+        npend = npend + 1
+        porder[npend] = k
+      end
+      ptok[k], pts[k], plim[k] = avail - cost, ts, l
+    end
+  else
+    ok = false
+  end
+
+  nout = nout + 1
+  if st then
+    out[nout] = pack_s('<Bdd', pick + 2, st, sts)
+  else
+    out[nout] = PICK[pick]
+  end
+
+  if last then
+    if not ok then
+      out[head] = '\0'
+    elseif ptok and consume then
+      for i = 1, npend do
+        local pk = porder[i]
+        commit(pk, ptok[pk], pts[pk], plim[pk])
       end
     end
   end
-  if not ok then reply[1] = 0 end
-  out[#out + 1] = reply
 end
-return out
+
+-- The writes: each key once, with the TTL until it is full again.
+local dels, ndels = {}, 0
+for i = 1, nwritten do
+  local k = written[i]
+  local t = tok[k]
+  if t then
+    local l, ts = wlim[k], tsv[k]
+    local missing = p3[l] - t
+    local span
+    if kind[l] == 1 then
+      span = missing * p2[l] / p1[l]
+    else
+      span = ceil(missing / p1[l]) * p2[l] * unit
+    end
+    local ms = ceil(((ts - now) * unit + span) / 1000000) + 1
+    if ms < min_ttl then ms = min_ttl end
+    call('SET', keys[k], pack_s('<dd', t, ts), 'PX', ms)
+  else
+    ndels = ndels + 1
+    dels[ndels] = keys[k]
+    if ndels == 4000 then
+      call('DEL', unpack(dels, 1, ndels))
+      ndels = 0
+    end
+  end
+end
+if ndels > 0 then call('DEL', unpack(dels, 1, ndels)) end
+
+return {now, table.concat(out)}
