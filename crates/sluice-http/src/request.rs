@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::OnceLock;
 
 use http::HeaderMap;
 use http::header::{FORWARDED, HOST};
@@ -36,7 +37,8 @@ pub(crate) fn peer<B>(req: &http::Request<B>) -> Option<IpAddr> {
     None
 }
 
-/// An `http::Request` seen through a policy.
+/// An `http::Request` seen through a policy's trusted proxies. It has no
+/// claims of its own: wrap it in [`Verified`] for those.
 ///
 /// ```
 /// use sluice_http::HttpRequest;
@@ -60,13 +62,11 @@ pub struct HttpRequest<'a> {
     host: Option<&'a str>,
     headers: &'a HeaderMap,
     ip: Option<IpAddr>,
-    claims: Option<Claims>,
 }
 
 impl<'a> HttpRequest<'a> {
     /// Views `req`, whose socket peer is `peer`: the client address is the
-    /// peer unless the peer is one of the policy's trusted proxies, and
-    /// claims come only from a token the policy's keys verify.
+    /// peer unless the peer is one of the policy's trusted proxies.
     pub fn new<B>(req: &'a http::Request<B>, peer: Option<IpAddr>, policy: &Policy) -> Self {
         let headers = req.headers();
         let ip = peer.map(|p| {
@@ -75,10 +75,6 @@ impl<'a> HttpRequest<'a> {
                 all(headers, &FORWARDED),
                 all(headers, &http::HeaderName::from_static("x-forwarded-for")),
             )
-        });
-        let claims = policy.jwt().and_then(|jwt| {
-            let value = headers.get(jwt.header())?.to_str().ok()?;
-            jwt.verify(jwt.token_from_header(value)?)
         });
         let uri = req.uri();
         HttpRequest {
@@ -91,7 +87,6 @@ impl<'a> HttpRequest<'a> {
                 .map(strip_port),
             headers,
             ip,
-            claims,
         }
     }
 }
@@ -144,15 +139,12 @@ impl Request for HttpRequest<'_> {
             .find(|(n, _)| n == name)
             .map(|(_, v)| v)
     }
-
-    fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
-        self.claims.as_ref()?.get(name)
-    }
 }
 
 /// Any request with the claims of its verified token: the header the
 /// policy's `jwt` section names is read from `inner`, and `claim` answers
-/// only from a token that passes verification.
+/// only from a token that passes verification. The token is verified on the
+/// first `claim`, so requests that no `jwt:` rule looks at pay nothing.
 ///
 /// ```
 /// use sluice_http::Verified;
@@ -165,17 +157,28 @@ impl Request for HttpRequest<'_> {
 /// ```
 pub struct Verified<'a, R: ?Sized> {
     inner: &'a R,
-    claims: Option<Claims>,
+    policy: &'a Policy,
+    claims: OnceLock<Option<Claims>>,
 }
 
 impl<'a, R: Request + ?Sized> Verified<'a, R> {
-    /// Verifies `inner`'s token, if the policy has keys and it has a token.
-    pub fn new(inner: &'a R, policy: &Policy) -> Self {
-        let claims = policy.jwt().and_then(|jwt| {
-            let value = inner.header(jwt.header())?;
-            jwt.verify(jwt.token_from_header(value)?)
-        });
-        Verified { inner, claims }
+    /// `inner`, whose token the policy's keys will verify when asked.
+    pub fn new(inner: &'a R, policy: &'a Policy) -> Self {
+        Verified {
+            inner,
+            policy,
+            claims: OnceLock::new(),
+        }
+    }
+
+    fn claims(&self) -> Option<&Claims> {
+        self.claims
+            .get_or_init(|| {
+                let jwt = self.policy.jwt()?;
+                let value = self.inner.header(jwt.header())?;
+                jwt.verify(jwt.token_from_header(value)?)
+            })
+            .as_ref()
     }
 }
 
@@ -205,7 +208,7 @@ impl<R: Request + ?Sized> Request for Verified<'_, R> {
     }
 
     fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
-        self.claims.as_ref()?.get(name)
+        self.claims()?.get(name)
     }
 
     fn descriptor(&self, key: &str) -> Option<&str> {

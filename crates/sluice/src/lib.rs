@@ -5,6 +5,7 @@
 use std::process::ExitCode;
 
 pub mod cli;
+mod numbers;
 mod replay;
 pub mod serve;
 mod validate;

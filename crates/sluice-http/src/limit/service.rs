@@ -12,7 +12,7 @@ use tower_service::Service;
 use super::ResponseFuture;
 use crate::engine::Enforcer;
 use crate::headers::{denial, rate_limit_headers, set_problem_type};
-use crate::request::{HttpRequest, peer};
+use crate::request::{HttpRequest, Verified, peer};
 
 /// A service whose requests pass a policy's rules first.
 ///
@@ -66,7 +66,7 @@ where
             let policy = enforcer.policy();
             let verdict = {
                 let view = HttpRequest::new(&req, peer(&req), &policy);
-                enforcer.check(&view).await
+                enforcer.check(&Verified::new(&view, &policy)).await
             };
             let headers = rate_limit_headers(&verdict);
             if !verdict.allowed {

@@ -15,7 +15,7 @@ pub(crate) struct Line<'a> {
     pub(crate) t: &'a serde_json::Number,
     pub(crate) allowed: bool,
     pub(crate) rule: Option<&'a str>,
-    #[serde(serialize_with = "number")]
+    #[serde(serialize_with = "crate::numbers::optional_number")]
     pub(crate) limit: Option<f64>,
     pub(crate) remaining: Option<u64>,
     pub(crate) retry_after: Option<f64>,
@@ -26,15 +26,6 @@ pub(crate) struct Line<'a> {
     /// Why a call could not be decided (a cost that can never succeed).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
-}
-
-/// Whole numbers print without a fraction, as people write limits.
-fn number<S: serde::Serializer>(x: &Option<f64>, s: S) -> Result<S::Ok, S::Error> {
-    match *x {
-        Some(v) if v.fract() == 0.0 && v.abs() < 9.0e15 => s.serialize_i64(v as i64),
-        Some(v) => s.serialize_f64(v),
-        None => s.serialize_none(),
-    }
 }
 
 impl<'a> Line<'a> {

@@ -87,15 +87,6 @@ struct Call {
     reserve: bool,
 }
 
-/// Whole numbers print without a fraction, as people write limits.
-fn number<S: serde::Serializer>(x: &f64, s: S) -> Result<S::Ok, S::Error> {
-    if x.fract() == 0.0 && x.abs() < 9.0e15 {
-        s.serialize_i64(*x as i64)
-    } else {
-        s.serialize_f64(*x)
-    }
-}
-
 fn one() -> f64 {
     1.0
 }
@@ -103,7 +94,7 @@ fn one() -> f64 {
 #[derive(Debug, Serialize)]
 struct Answer {
     allowed: bool,
-    #[serde(serialize_with = "number")]
+    #[serde(serialize_with = "crate::numbers::number")]
     limit: f64,
     remaining: u64,
     retry_after: Option<f64>,
