@@ -15,8 +15,14 @@ pub struct Cli {
 
 #[derive(Debug, Subcommand)]
 pub(crate) enum Command {
-    /// Serve the HTTP decision API and Prometheus metrics.
+    /// Serve the HTTP decision API, Envoy's rate limit service (gRPC) and
+    /// Prometheus metrics.
     Serve(ServeArgs),
+    /// Enforce a policy's rules in front of any HTTP upstream.
+    Proxy(crate::proxy::ProxyArgs),
+    /// Load-test a running `sluice serve`, `sluice proxy` or any HTTP or
+    /// gRPC rate limit service.
+    Bench(crate::bench::BenchArgs),
     /// Check policy files; prints each error with its file, line and column.
     Validate(ValidateArgs),
     /// Run recorded events through a policy in virtual time, printing one
@@ -62,6 +68,9 @@ pub(crate) struct ServeArgs {
     /// Where the HTTP decision API, /metrics, /healthz and /readyz listen.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub(crate) http: SocketAddr,
+    /// Where Envoy's rate limit service (gRPC, RLS v3) listens.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    pub(crate) grpc: SocketAddr,
     /// The store, overriding the policy's: `memory`, or a `redis://`,
     /// `rediss://` or `redis+cluster://` URL.
     #[arg(long)]

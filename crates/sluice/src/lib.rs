@@ -1,11 +1,13 @@
-//! The `sluice` command: `serve` (HTTP decision API and metrics), `validate`
-//! and `replay`. The binary parses arguments and calls [`run`]; the server's
+//! The `sluice` command: `serve` (HTTP decision API, Envoy RLS and
+//! metrics), `proxy`, `bench`, `validate` and `replay`. The binary parses arguments and calls [`run`]; the server's
 //! router is public so that tests can drive it without a socket.
 
 use std::process::ExitCode;
 
+mod bench;
 pub mod cli;
 mod numbers;
+pub mod proxy;
 mod replay;
 pub mod serve;
 mod validate;
@@ -16,5 +18,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Validate(args) => validate::run(&args),
         cli::Command::Replay(args) => replay::run(&args).map(|()| ExitCode::SUCCESS),
         cli::Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Proxy(args) => proxy::run(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
     }
 }
