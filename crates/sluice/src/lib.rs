@@ -8,6 +8,7 @@ mod bench;
 pub mod cli;
 mod numbers;
 pub mod proxy;
+mod reload;
 mod replay;
 pub mod serve;
 mod validate;

@@ -7,9 +7,7 @@ mod metrics;
 mod store;
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use sluice_http::Enforcer;
@@ -24,9 +22,6 @@ use crate::cli::ServeArgs;
 
 /// The policy `sluice serve` runs without `--policy`.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml");
-
-/// How often the policy file is looked at for changes.
-const WATCH_EVERY: Duration = Duration::from_secs(1);
 
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logs();
@@ -53,7 +48,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             reload_error: arc_swap::ArcSwapOption::empty(),
         });
         if let Some(path) = args.policy.clone() {
-            tokio::spawn(watch(path, text, Arc::clone(&state)));
+            let state = Arc::clone(&state);
+            tokio::spawn(crate::reload::watch(path, text, move |path, text| {
+                crate::reload::reload(path, text, &state.enforcer, &state.reload_error);
+            }));
         }
         let listener = TcpListener::bind(args.http)
             .await
@@ -109,63 +107,3 @@ async fn shutdown_signal() {
     tracing::info!("stopping: finishing requests in flight");
 }
 
-/// Reloads the policy when the file's contents change, and on SIGHUP.
-///
-/// The file is read by path each time, so in-place writes, atomic renames
-/// and Kubernetes' ConfigMap symlink swaps all show up as new contents; the
-/// contents, not timestamps, decide whether anything changed.
-async fn watch(path: PathBuf, mut current: String, state: Arc<AppState>) {
-    #[cfg(unix)]
-    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
-    loop {
-        #[cfg(unix)]
-        let forced = {
-            let hup_recv = async {
-                match hup.as_mut() {
-                    Some(h) => {
-                        h.recv().await;
-                    }
-                    None => std::future::pending::<()>().await,
-                }
-            };
-            tokio::select! {
-                () = tokio::time::sleep(WATCH_EVERY) => false,
-                () = hup_recv => true,
-            }
-        };
-        #[cfg(not(unix))]
-        let forced = {
-            tokio::time::sleep(WATCH_EVERY).await;
-            false
-        };
-        let Ok(text) = tokio::fs::read_to_string(&path).await else {
-            // Mid-swap, or gone: keep serving, and look again shortly.
-            continue;
-        };
-        if text == current && !forced {
-            continue;
-        }
-        reload(&path, &text, &state);
-        current = text;
-    }
-}
-
-/// Puts `text` in force if it is a valid policy; otherwise keeps the old
-/// one and says why on `/readyz`, in the logs and in a metric.
-pub fn reload<C: sluice_core::Clock>(path: &Path, text: &str, state: &AppState<C>) {
-    match Policy::from_str(text, path) {
-        Ok(policy) => {
-            state.enforcer.replace(policy);
-            state.reload_error.store(None);
-            ::metrics::counter!("sluice_policy_reloads_total", "result" => "ok").increment(1);
-            ::metrics::gauge!("sluice_policy_reload_failed").set(0.0);
-            tracing::info!(path = %path.display(), "policy reloaded");
-        }
-        Err(e) => {
-            ::metrics::counter!("sluice_policy_reloads_total", "result" => "error").increment(1);
-            ::metrics::gauge!("sluice_policy_reload_failed").set(1.0);
-            tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
-            state.reload_error.store(Some(Arc::new(e.to_string())));
-        }
-    }
-}

@@ -1,0 +1,85 @@
+//! Policy hot reload, shared by `serve` and `proxy`: the file is watched
+//! for new contents and re-read on SIGHUP, and a policy that fails to
+//! compile never replaces the one in force.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwapOption;
+use sluice_core::Store;
+use sluice_http::Enforcer;
+use sluice_policy::Policy;
+
+/// How often the policy file is looked at for changes.
+const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Reloads the policy when the file's contents change, and on SIGHUP.
+///
+/// The file is read by path each time, so in-place writes, atomic renames
+/// and Kubernetes' ConfigMap symlink swaps all show up as new contents; the
+/// contents, not timestamps, decide whether anything changed.
+pub(crate) async fn watch(
+    path: PathBuf,
+    mut current: String,
+    mut apply: impl FnMut(&Path, &str) + Send + 'static,
+) {
+    #[cfg(unix)]
+    let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
+    loop {
+        #[cfg(unix)]
+        let forced = {
+            let hup_recv = async {
+                match hup.as_mut() {
+                    Some(h) => {
+                        h.recv().await;
+                    }
+                    None => std::future::pending::<()>().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep(WATCH_EVERY) => false,
+                () = hup_recv => true,
+            }
+        };
+        #[cfg(not(unix))]
+        let forced = {
+            tokio::time::sleep(WATCH_EVERY).await;
+            false
+        };
+        let Ok(text) = tokio::fs::read_to_string(&path).await else {
+            // Mid-swap, or gone: keep serving, and look again shortly.
+            continue;
+        };
+        if text == current && !forced {
+            continue;
+        }
+        apply(&path, &text);
+        current = text;
+    }
+}
+
+/// Puts `text` in force if it is a valid policy; otherwise keeps the old
+/// one and says why on `/readyz`, in the logs and in a metric.
+pub(crate) fn reload<S: Store>(
+    path: &Path,
+    text: &str,
+    enforcer: &Enforcer<S>,
+    error: &ArcSwapOption<String>,
+) {
+    match Policy::from_str(text, path) {
+        Ok(policy) => {
+            enforcer.replace(policy);
+            error.store(None);
+            ::metrics::counter!("sluice_policy_reloads_total", "result" => "ok").increment(1);
+            ::metrics::gauge!("sluice_policy_reload_failed").set(0.0);
+            tracing::info!(path = %path.display(), "policy reloaded");
+        }
+        Err(e) => {
+            ::metrics::counter!("sluice_policy_reloads_total", "result" => "error").increment(1);
+            ::metrics::gauge!("sluice_policy_reload_failed").set(1.0);
+            tracing::error!(error = %e, "policy reload failed; the previous policy stays in force");
+            error.store(Some(Arc::new(e.to_string())));
+        }
+    }
+}
