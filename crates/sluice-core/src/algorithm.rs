@@ -204,6 +204,35 @@ fn fixed_window(
     }
 }
 
+/// An operation's decision as a denied transaction reports it: nothing was
+/// spent, so `remaining` and `reset` describe the key's state `before` the
+/// transaction, while `allowed` and `retry_after` still say what this
+/// limit alone would have answered.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::{evaluate, unspent}};
+/// let tb = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap());
+/// let d = evaluate(&tb, None, 0, Nanos(0), 2.0, false).decision;
+/// assert_eq!(d.remaining, 3);
+/// let u = unspent(&tb, None, 0, Nanos(0), d);
+/// assert!(u.allowed);
+/// assert_eq!((u.remaining, u.reset), (5, 0.0));
+/// ```
+pub fn unspent(
+    alg: &Algorithm,
+    before: Option<State>,
+    offset: i64,
+    now: Nanos,
+    d: Decision,
+) -> Decision {
+    let idle = evaluate(alg, before, offset, now, 0.0, false).decision;
+    Decision {
+        remaining: idle.remaining,
+        reset: idle.reset,
+        ..d
+    }
+}
+
 /// The key's tokens and time at `now`, without changing anything.
 ///
 /// ```

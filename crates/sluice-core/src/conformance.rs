@@ -186,6 +186,11 @@ pub async fn transactions_are_all_or_nothing<St: Store>(store: &St, _clock: &Fak
     assert!(!o.allowed, "{o:?}");
     assert_eq!(o.retry_after(), Some(2.0));
     assert_eq!(o.decisions.len(), 2);
+    // The fast limit would have allowed, and reports what it still holds:
+    // the denial spent nothing.
+    let fast_d = o.decisions[0];
+    assert!(fast_d.allowed && fast_d.retry_after.is_none(), "{o:?}");
+    assert_eq!((fast_d.remaining, fast_d.reset), (4, 0.1), "{o:?}");
     // The fast limit paid only for the first transaction.
     let d = one(store, &fast, "k", 4.0, Mode::CONSUME).await;
     assert!(
@@ -201,6 +206,9 @@ pub async fn same_key_twice_pays_twice<St: Store>(store: &St, _clock: &FakeClock
     let ops = [Op::new(&l, "k", 2.0), Op::new(&l, "k", 2.0)];
     let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
     assert!(!o.allowed, "4 tokens from a bucket of 3");
+    assert!(o.decisions[0].allowed);
+    assert_eq!(o.decisions[0].remaining, 3, "nothing was spent: {o:?}");
+    assert_eq!(o.decisions[0].reset, 0.0, "{o:?}");
     let ops = [Op::new(&l, "k", 1.0), Op::new(&l, "k", 2.0)];
     let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
     assert!(o.allowed);

@@ -55,6 +55,13 @@ impl DenyCache {
         &self.slots[fp as usize & (self.slots.len() - 1)]
     }
 
+    /// The key's bound, if the cache holds one for this algorithm: the
+    /// most tokens it can have had at the bound's time.
+    pub(crate) fn bound(&self, fp: u64, alg: &Algorithm) -> Option<State> {
+        let entry = self.slot(fp).lock().entry?;
+        (entry.fp == fp && entry.alg == *alg).then_some(entry.bound)
+    }
+
     /// A certain denial of `cost` at local time `now`, if the bound proves one.
     pub(crate) fn deny(
         &self,

@@ -166,6 +166,15 @@ impl Txn {
         self.ops.iter().map(move |op| op.origin * u)
     }
 
+    /// The Redis key operation `i` used, given the script's `pick`.
+    pub(crate) fn key(&self, i: usize, pick: u8) -> Option<&str> {
+        let op = self.ops.get(i)?;
+        match (pick, &op.key_b) {
+            (1, Some(b)) => Some(b),
+            _ => Some(&op.key_a),
+        }
+    }
+
     /// The Cluster slot of the transaction, or `None` if its keys span slots.
     pub(crate) fn slot(&self) -> Option<u16> {
         let mut slots = self

@@ -322,18 +322,30 @@ impl RedisStore {
         mode: Mode,
         now: Nanos,
     ) -> Option<Outcome> {
+        if let [op] = ops {
+            let d = cache.deny(
+                fps[0]?,
+                op.limit.shard_algorithm(),
+                now,
+                op.cost,
+                mode.reserve,
+            )?;
+            return Some(Outcome::from_decisions([d].into_iter().collect()));
+        }
         let mut decisions: SmallVec<[Decision; 2]> = SmallVec::new();
         for (op, &fp) in ops.iter().zip(fps) {
             let alg = op.limit.shard_algorithm();
-            match cache.deny(fp?, alg, now, op.cost, mode.reserve) {
-                Some(d) => decisions.push(d),
-                // An op the bound does not deny: its decision is unknown, and
-                // the others' denial alone still decides the transaction.
-                None => {
-                    let ev = algorithm::evaluate(alg, None, 0, now, 0.0, false);
-                    decisions.push(ev.decision);
-                }
-            }
+            // The bound's answer for an op it does not deny is only an upper
+            // bound; the others' denial alone still decides the transaction,
+            // and the op reports what it would hold, as nothing is spent. An
+            // op the cache knows nothing of is reported full.
+            let bound = cache.bound(fp?, alg);
+            let ev = algorithm::evaluate(alg, bound, 0, now, op.cost, mode.reserve);
+            decisions.push(if ev.decision.allowed {
+                algorithm::unspent(alg, bound, 0, now, ev.decision)
+            } else {
+                ev.decision
+            });
         }
         let outcome = Outcome::from_decisions(decisions);
         (!outcome.allowed).then_some(outcome)
@@ -363,11 +375,13 @@ impl RedisStore {
             if committed {
                 tokens -= op.cost;
             }
-            // A bound that would not deny this same call again is unlikely
-            // to deny the next one, and learning costs a write to a shared
-            // slot on every allowed call. Skipping it is safe: an older
+            // For one op, a bound that would not deny this same call again is
+            // unlikely to deny the next one, and learning costs a write to a
+            // shared slot on every allowed call. Skipping it is safe: an older
             // entry is still an upper bound, just a weaker one.
-            if tokens < op.cost {
+            // Several ops: a later local denial of the transaction reports
+            // every op's bound, so each one is worth learning.
+            if tokens < op.cost || ops.len() > 1 {
                 cache.learn(fp, alg, tokens, sent);
             }
         }
@@ -569,6 +583,29 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
     }
 }
 
+/// A denied transaction spent nothing: its allowing operations report their
+/// keys as they were before it. An operation saw its own transaction's
+/// earlier writes to the same key, so "before" is what the first operation
+/// on that key saw.
+fn unspend(outcome: &mut Outcome, ops: &[Op<'_>], txn: &Txn, reply: &TxnReply) {
+    let offsets: SmallVec<[i64; 2]> = txn.offsets().collect();
+    for i in 0..outcome.decisions.len() {
+        if !outcome.decisions[i].allowed {
+            continue;
+        }
+        let key = |j: usize| txn.key(j, reply.ops[j].pick);
+        let first = (0..i).find(|&j| key(j) == key(i)).unwrap_or(i);
+        let alg = ops[i].limit.shard_algorithm();
+        outcome.decisions[i] = algorithm::unspent(
+            alg,
+            reply.ops[first].state,
+            offsets[i],
+            reply.now,
+            outcome.decisions[i],
+        );
+    }
+}
+
 impl Store for RedisStore {
     async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
@@ -608,6 +645,9 @@ impl Store for RedisStore {
             })
             .collect();
         let mut outcome = Outcome::from_decisions(decisions);
+        if !outcome.allowed {
+            unspend(&mut outcome, ops, &txn, &reply_txn);
+        }
         if outcome.allowed != reply_txn.allowed {
             // Redis's verdict is what was committed; report it.
             tracing::error!(

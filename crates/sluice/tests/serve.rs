@@ -233,6 +233,31 @@ fn free_port() -> u16 {
         .port()
 }
 
+/// Starts `sluice serve` on free ports and waits until it is ready; returns
+/// the process, the HTTP base URL and the gRPC address.
+async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
+    let (http, grpc) = (free_port(), free_port());
+    let server = Server(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["serve", "--http", &format!("127.0.0.1:{http}")])
+            .args(["--grpc", &format!("127.0.0.1:{grpc}"), "--policy"])
+            .arg(policy)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let base = format!("http://127.0.0.1:{http}");
+    let client = reqwest::Client::new();
+    eventually(Duration::from_secs(10), "the server to start", async || {
+        let r = client.get(format!("{base}/readyz")).send().await;
+        r.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    (server, base, format!("127.0.0.1:{grpc}"))
+}
+
 /// Polls `check` until it holds, failing after `within`.
 async fn eventually(within: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
@@ -247,19 +272,8 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, POLICY).unwrap();
-    let port = free_port();
-    let _server = Server(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--http", &format!("127.0.0.1:{port}"), "--policy"])
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let (_server, base, _) = spawn_serve(&path).await;
     let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
     let ready = || async {
         client
             .get(format!("{base}/readyz"))
@@ -268,10 +282,6 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
             .ok()
             .map(|r| r.status().as_u16())
     };
-    eventually(Duration::from_secs(10), "the server to start", async || {
-        ready().await == Some(200)
-    })
-    .await;
 
     let limit = |key: &str, count: u32| {
         client
@@ -343,4 +353,128 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
         ),
         "{metrics}"
     );
+}
+
+/// A metric's value in a Prometheus exposition, if present.
+fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
+}
+
+#[cfg(unix)]
+fn signal(server: &Server, name: &str) {
+    let status = Command::new("kill")
+        .args([&format!("-{name}"), &server.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success());
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stops_on_sigterm() {
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+    use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+    use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
+    use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
+
+    // Kubernetes mounts a ConfigMap as symlinks: policy.yaml -> ..data/policy.yaml,
+    // ..data -> ..<timestamp>, and an update swaps ..data atomically.
+    let envoy_rule = |burst: u32| {
+        format!(
+            "{POLICY}  - name: per-client\n    domain: edge\n    limit_keys: [\"descriptor:remote_address\"]\n    algorithm: token_bucket\n    algorithm_config: {{rps: 1, burst: {burst}}}\n"
+        )
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let mount = dir.path();
+    let version = |name: &str, text: &str| {
+        std::fs::create_dir(mount.join(name)).unwrap();
+        std::fs::write(mount.join(name).join("policy.yaml"), text).unwrap();
+    };
+    version("..v1", &envoy_rule(1));
+    std::os::unix::fs::symlink("..v1", mount.join("..data")).unwrap();
+    std::os::unix::fs::symlink("..data/policy.yaml", mount.join("policy.yaml")).unwrap();
+
+    let (server, base, grpc) = spawn_serve(&mount.join("policy.yaml")).await;
+    let client = reqwest::Client::new();
+    let metrics = || async {
+        client
+            .get(format!("{base}/metrics"))
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap()
+    };
+    let reloads = async || {
+        metric(
+            &metrics().await,
+            "sluice_policy_reloads_total{result=\"ok\"}",
+        )
+    };
+
+    let mut envoy = RateLimitServiceClient::connect(format!("http://{grpc}"))
+        .await
+        .unwrap();
+    let mut ask = async |addr: &str| {
+        let req = RateLimitRequest {
+            domain: "edge".into(),
+            descriptors: vec![RateLimitDescriptor {
+                entries: vec![Entry {
+                    key: "remote_address".into(),
+                    value: addr.into(),
+                }],
+                ..RateLimitDescriptor::default()
+            }],
+            hits_addend: 0,
+        };
+        envoy
+            .should_rate_limit(req)
+            .await
+            .unwrap()
+            .into_inner()
+            .overall_code
+    };
+    // Burst 1: the second call is over (1 = OK, 2 = OVER_LIMIT).
+    assert_eq!(ask("10.0.0.1").await, 1);
+    assert_eq!(ask("10.0.0.1").await, 2);
+
+    // SIGHUP reloads even when the file is unchanged.
+    let before = reloads().await.unwrap_or(0.0);
+    signal(&server, "HUP");
+    eventually(Duration::from_secs(10), "the SIGHUP reload", async || {
+        reloads().await.unwrap_or(0.0) > before
+    })
+    .await;
+
+    // A ConfigMap update: a new version directory, then ..data swapped by
+    // an atomic rename of a fresh symlink over it.
+    version("..v2", &envoy_rule(5));
+    std::os::unix::fs::symlink("..v2", mount.join("..data_tmp")).unwrap();
+    std::fs::rename(mount.join("..data_tmp"), mount.join("..data")).unwrap();
+    // Burst 5: a fresh client's second call passes too.
+    let mut fresh = 0;
+    eventually(Duration::from_secs(10), "the swapped policy", async || {
+        fresh += 1;
+        let addr = format!("10.0.1.{fresh}");
+        ask(&addr).await == 1 && ask(&addr).await == 1
+    })
+    .await;
+
+    // SIGTERM: a graceful stop, with a clean exit.
+    signal(&server, "TERM");
+    let mut server = server;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "sluice serve did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(status.success(), "{status:?}");
 }

@@ -523,6 +523,9 @@ impl<C: Clock> MemoryStore<C> {
         }
 
         let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
+        // What each op's key held before this transaction, in case it is
+        // denied and has to report that nothing was spent.
+        let mut before: SmallVec<[(Option<State>, i64); 4]> = SmallVec::new();
         let mut decisions = SmallVec::new();
         for (op, &(fa, fb)) in ops.iter().zip(&cands) {
             let alg = *op.limit.shard_algorithm();
@@ -557,9 +560,17 @@ impl<C: Clock> MemoryStore<C> {
             if let Some(next) = ev.next {
                 pending.push((slot, next));
             }
+            before.push((guards[slot.guard].tables[slot.table].get(slot.fp), offset));
             decisions.push(ev.decision);
         }
-        let outcome = Outcome::from_decisions(decisions);
+        let mut outcome = Outcome::from_decisions(decisions);
+        if !outcome.allowed {
+            for ((d, op), &(st, offset)) in outcome.decisions.iter_mut().zip(ops).zip(&before) {
+                if d.allowed {
+                    *d = algorithm::unspent(op.limit.shard_algorithm(), st, offset, now, *d);
+                }
+            }
+        }
         if outcome.allowed && mode.consume {
             for (slot, st) in pending {
                 let shard = &mut *guards[slot.guard];

@@ -4,6 +4,7 @@
 
 mod api;
 mod metrics;
+mod rls;
 mod store;
 
 use std::net::SocketAddr;
@@ -16,6 +17,7 @@ use tokio::net::TcpListener;
 
 pub use api::{AppState, MAX_BODY, app};
 pub use metrics::Metrics;
+pub use rls::{Rls, serve_grpc};
 pub use store::AnyStore;
 
 use crate::cli::ServeArgs;
@@ -56,8 +58,29 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         let listener = TcpListener::bind(args.http)
             .await
             .with_context(|| format!("cannot listen on {}", args.http))?;
+        let grpc = TcpListener::bind(args.grpc)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.grpc))?;
         tracing::info!(addr = %listener.local_addr()?, "serving the decision API");
-        serve(listener, state, shutdown_signal()).await
+        tracing::info!(addr = %grpc.local_addr()?, "serving Envoy's rate limit service");
+        // One signal stops both servers; each lets its requests finish.
+        let (stop, stopped) = tokio::sync::watch::channel(());
+        let on_stop = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.changed().await;
+            }
+        };
+        tokio::spawn(async move {
+            shutdown_signal().await;
+            let _ = stop.send(());
+        });
+        // If either server fails, the other is dropped with it.
+        tokio::try_join!(
+            serve(listener, Arc::clone(&state), on_stop()),
+            serve_grpc(grpc, state, on_stop()),
+        )
+        .map(|_| ())
     })
 }
 
@@ -106,4 +129,3 @@ async fn shutdown_signal() {
     }
     tracing::info!("stopping: finishing requests in flight");
 }
-

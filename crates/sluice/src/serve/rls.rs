@@ -1,0 +1,311 @@
+//! Envoy's rate limit service (RLS v3, `ShouldRateLimit`) over gRPC: the
+//! descriptors of one call are decided by the policy's rules for the call's
+//! domain, all of them as one transaction, so a descriptor that is over its
+//! limit never spends another descriptor's quota.
+
+use std::sync::Arc;
+
+use envoy_types::pb::envoy::config::core::v3::HeaderValue;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
+    Code, DescriptorStatus, RateLimit,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use sluice_core::{Algorithm, Clock, Decision, Outcome};
+use sluice_http::{PROBLEM_JSON, Verdict, denial, rate_limit_headers};
+use sluice_policy::{Mode as RuleMode, Rule, RuleHit};
+use tokio::net::TcpListener;
+use tonic::{Request, Response, Status};
+
+use super::AppState;
+
+/// The gRPC service: Envoy's `RateLimitService` answered from the policy's
+/// rules that name a `domain`.
+///
+/// ```
+/// # use std::sync::Arc;
+/// use sluice::serve::{AnyStore, AppState, Rls};
+/// # use sluice_core::MemoryStore;
+/// # use sluice_http::Enforcer;
+/// # use sluice_policy::Policy;
+/// let state = Arc::new(AppState {
+///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
+///     admin_token: None,
+///     metrics: None,
+///     reload_error: Default::default(),
+/// });
+/// let _server = Rls::new(state).into_server();
+/// ```
+pub struct Rls<C> {
+    state: Arc<AppState<C>>,
+}
+
+impl<C: Clock + Send + Sync + 'static> Rls<C> {
+    /// The service over the server's shared state.
+    pub fn new(state: Arc<AppState<C>>) -> Self {
+        Rls { state }
+    }
+
+    /// The tonic server that routes `ShouldRateLimit` here.
+    pub fn into_server(self) -> RateLimitServiceServer<Self> {
+        RateLimitServiceServer::new(self)
+    }
+}
+
+/// Serves RLS on `listener` until `stop` completes.
+pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
+    listener: TcpListener,
+    state: Arc<AppState<C>>,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    tonic::transport::Server::builder()
+        .add_service(Rls::new(state).into_server())
+        .serve_with_incoming_shutdown(incoming, stop)
+        .await
+        .map_err(|e| anyhow::anyhow!("the gRPC server failed: {e}"))
+}
+
+#[tonic::async_trait]
+impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let req = request.into_inner();
+        if req.domain.is_empty() {
+            return Err(Status::invalid_argument("the rate limit domain is empty"));
+        }
+        if req.descriptors.is_empty() {
+            return Err(Status::invalid_argument(
+                "the rate limit request has no descriptors",
+            ));
+        }
+        let enforcer = &self.state.enforcer;
+        let policy = enforcer.policy();
+        let parts: Vec<sluice_policy::RequestParts> =
+            req.descriptors.iter().map(descriptor_parts).collect();
+        // Every rule each descriptor matches, with the descriptor it belongs to.
+        let mut hits: Vec<RuleHit<'_>> = Vec::new();
+        let mut owner: Vec<usize> = Vec::new();
+        for (i, (d, p)) in req.descriptors.iter().zip(&parts).enumerate() {
+            let cost = hits_of(d, req.hits_addend);
+            for mut hit in policy.matching_domain(&req.domain, p) {
+                hit.cost = cost;
+                hits.push(hit);
+                owner.push(i);
+            }
+        }
+        let verdict = enforcer.decide(&hits).await;
+        Ok(Response::new(response(&req, &hits, &owner, &verdict)))
+    }
+}
+
+/// A descriptor as a request whose only parts are its entries. A key that
+/// appears twice keeps its first value, as the policy reads the first.
+fn descriptor_parts(d: &RateLimitDescriptor) -> sluice_policy::RequestParts {
+    d.entries
+        .iter()
+        .fold(sluice_policy::RequestParts::default(), |p, e| {
+            p.with_descriptor(e.key.as_str(), e.value.as_str())
+        })
+}
+
+/// The cost of one descriptor: its own `hits_addend` when set, else the
+/// request's, where 0 means 1. Sluice cannot hand tokens back, so a
+/// negative-hits descriptor (a refund) costs nothing and changes nothing.
+fn hits_of(d: &RateLimitDescriptor, request_hits: u32) -> f64 {
+    if d.is_negative_hits {
+        return 0.0;
+    }
+    match &d.hits_addend {
+        Some(h) => h.value as f64,
+        None => f64::from(request_hits.max(1)),
+    }
+}
+
+/// The answer: a status per descriptor, in order, and the headers the HTTP
+/// middleware would have set for the whole request.
+fn response(
+    req: &RateLimitRequest,
+    hits: &[RuleHit<'_>],
+    owner: &[usize],
+    verdict: &Verdict,
+) -> RateLimitResponse {
+    // The verdict lists enforced rules in the order of their hits.
+    let enforced: Vec<(usize, &Rule)> = hits
+        .iter()
+        .zip(owner)
+        .filter(|(h, _)| h.rule.mode() == RuleMode::Enforce)
+        .map(|(h, &i)| (i, h.rule))
+        .collect();
+    let refused = verdict.refusal.as_ref().map(|(rule, _)| rule.as_str());
+    let statuses = (0..req.descriptors.len())
+        .map(|i| {
+            let mine: Vec<(&Rule, Option<Decision>)> = enforced
+                .iter()
+                .enumerate()
+                .filter(|(_, (owner, _))| *owner == i)
+                .map(|(k, (_, rule))| (*rule, verdict.rules.get(k).map(|r| r.decision)))
+                .collect();
+            status(&mine, refused)
+        })
+        .collect();
+
+    let mut headers = rate_limit_headers(verdict);
+    let mut raw_body = Vec::new();
+    if !verdict.allowed {
+        let (_, body) = denial(verdict);
+        raw_body = body;
+        headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON);
+    }
+    let response_headers_to_add = headers
+        .iter()
+        .map(|(k, v)| HeaderValue {
+            key: k.as_str().to_owned(),
+            value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
+            raw_value: Vec::new(),
+        })
+        .collect();
+    let overall = if verdict.allowed {
+        Code::Ok
+    } else {
+        Code::OverLimit
+    };
+    RateLimitResponse {
+        overall_code: overall as i32,
+        statuses,
+        response_headers_to_add,
+        raw_body,
+        ..RateLimitResponse::default()
+    }
+}
+
+/// One descriptor's status from the enforced rules it matched. Without any,
+/// it is OK with no limit, as Envoy's reference service answers descriptors
+/// it has no limit for.
+fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> DescriptorStatus {
+    let Some(&(first, _)) = mine.first() else {
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        };
+    };
+    // A refusal (a missing key or an impossible cost) decided before the
+    // store was asked; the descriptor holding that rule is the one over.
+    if let Some(rule) = refused.and_then(|name| mine.iter().find(|(r, _)| r.name() == name)) {
+        return DescriptorStatus {
+            code: Code::OverLimit as i32,
+            current_limit: Some(current_limit(rule.0)),
+            ..DescriptorStatus::default()
+        };
+    }
+    let decisions: Vec<Decision> = mine.iter().filter_map(|(_, d)| *d).collect();
+    if decisions.len() != mine.len() {
+        // The transaction never reached the store (another descriptor's
+        // refusal): nothing was consumed here, and this one is not over.
+        return DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(current_limit(first)),
+            ..DescriptorStatus::default()
+        };
+    }
+    let outcome = Outcome::from_decisions(decisions.iter().copied().collect());
+    let k = outcome.deciding().unwrap_or(0);
+    let (rule, d) = (mine[k].0, decisions[k]);
+    DescriptorStatus {
+        code: if outcome.allowed {
+            Code::Ok
+        } else {
+            Code::OverLimit
+        } as i32,
+        current_limit: Some(current_limit(rule)),
+        limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+        duration_until_reset: Some(duration(d.reset)),
+        ..DescriptorStatus::default()
+    }
+}
+
+/// The rule's rate in Envoy's terms: whole requests per second, minute,
+/// hour or day. The smallest unit that states the rate exactly wins; a rate
+/// no unit states exactly is rounded down in the first unit where it is at
+/// least one, so Envoy never advertises more than the rule admits.
+fn current_limit(rule: &Rule) -> RateLimit {
+    let per_sec = match rule.limit().algorithm() {
+        Algorithm::TokenBucket(tb) => tb.rate() / tb.period().as_secs_f64(),
+        Algorithm::FixedWindow(fw) => fw.rate() / fw.period().as_secs_f64(),
+    };
+    let (requests_per_unit, unit) = per_unit(per_sec);
+    RateLimit {
+        name: rule.name().to_owned(),
+        requests_per_unit,
+        unit: unit as i32,
+    }
+}
+
+fn per_unit(per_sec: f64) -> (u32, Unit) {
+    const UNITS: [(Unit, f64); 4] = [
+        (Unit::Second, 1.0),
+        (Unit::Minute, 60.0),
+        (Unit::Hour, 3600.0),
+        (Unit::Day, 86_400.0),
+    ];
+    let count = |secs: f64| per_sec * secs;
+    let exact = UNITS.iter().find(|(_, secs)| {
+        let n = count(*secs);
+        n >= 1.0 && (n - n.round()).abs() <= 1e-9 * n
+    });
+    let (unit, n) = match exact {
+        Some(&(unit, secs)) => (unit, count(secs).round()),
+        None => {
+            let &(unit, secs) = UNITS
+                .iter()
+                .find(|(_, secs)| count(*secs) >= 1.0)
+                .unwrap_or(&UNITS[3]);
+            (unit, count(secs).floor())
+        }
+    };
+    // The float-to-int cast saturates, which is what a u32 field wants.
+    (n as u32, unit)
+}
+
+fn duration(secs: f64) -> PbDuration {
+    let secs = if secs.is_finite() { secs.max(0.0) } else { 0.0 };
+    let whole = secs.trunc();
+    PbDuration {
+        seconds: whole as i64,
+        nanos: ((secs - whole) * 1e9) as i32,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rates_take_the_smallest_exact_unit() {
+        assert_eq!(per_unit(10.0), (10, Unit::Second));
+        assert_eq!(per_unit(10.0 / 60.0), (10, Unit::Minute));
+        assert_eq!(per_unit(0.5), (30, Unit::Minute));
+        assert_eq!(per_unit(3.5), (210, Unit::Minute));
+        assert_eq!(per_unit(1.0 / 86_400.0), (1, Unit::Day));
+        // 1/7 per second is no whole number in any unit: rounded down in
+        // the first unit that reaches one.
+        assert_eq!(per_unit(1.0 / 7.0), (8, Unit::Minute));
+        assert_eq!(per_unit(1e-9), (0, Unit::Day));
+        assert_eq!(per_unit(1e12), (u32::MAX, Unit::Second));
+    }
+
+    #[test]
+    fn durations_split_seconds_and_nanos() {
+        let d = duration(2.25);
+        assert_eq!((d.seconds, d.nanos), (2, 250_000_000));
+        let z = duration(f64::NAN);
+        assert_eq!((z.seconds, z.nanos), (0, 0));
+    }
+}
