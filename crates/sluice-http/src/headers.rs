@@ -221,8 +221,22 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 /// assert_eq!(body["retry_after"], 2.5);
 /// ```
 pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
-    let rule = v.denied_by();
-    let (status, title, detail) = match &v.refusal {
+    let (status, title, detail) = explain(v);
+    let problem = Problem {
+        kind: "about:blank",
+        title,
+        status: status.as_u16(),
+        detail,
+        rule: v.denied_by(),
+        retry_after: v.retry_after.filter(|_| v.refusal.is_none()),
+    };
+    // Serializing a struct of strings and numbers cannot fail.
+    (status, serde_json::to_vec(&problem).unwrap_or_default())
+}
+
+/// The HTTP status of a denial, its title and a sentence on why.
+fn explain(v: &Verdict) -> (StatusCode, &'static str, String) {
+    match &v.refusal {
         Some((_, Refusal::StoreFailed(e))) => (
             StatusCode::SERVICE_UNAVAILABLE,
             "Service Unavailable",
@@ -247,17 +261,59 @@ pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
                 None => "rate limit exceeded".to_owned(),
             },
         ),
+    }
+}
+
+/// The characters `grpc-message` must percent-encode: controls, `%` and
+/// (always, in this crate) everything beyond ASCII.
+const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.add(b'%');
+
+/// A denial as gRPC clients understand it: the status code and the
+/// `grpc-message`. Rate limiting is `RESOURCE_EXHAUSTED` (8); a cost that
+/// can never pass is `INVALID_ARGUMENT` (3); a store failure under a rule
+/// that fails closed is `UNAVAILABLE` (14).
+///
+/// ```
+/// use sluice_http::{Verdict, grpc_denial};
+/// let v = Verdict { allowed: false, retry_after: Some(1.5), ..Verdict::default() };
+/// let (code, message) = grpc_denial(&v);
+/// assert_eq!(code, 8);
+/// assert_eq!(message, "rate limit exceeded; retry in 1.500 s");
+/// ```
+pub fn grpc_denial(v: &Verdict) -> (u8, String) {
+    let (status, _, detail) = explain(v);
+    let code = match status {
+        StatusCode::SERVICE_UNAVAILABLE => 14,
+        StatusCode::BAD_REQUEST => 3,
+        _ => 8,
     };
-    let problem = Problem {
-        kind: "about:blank",
-        title,
-        status: status.as_u16(),
-        detail,
-        rule,
-        retry_after: v.retry_after.filter(|_| v.refusal.is_none()),
+    let detail = match v.denied_by() {
+        Some(rule) => format!("{detail} (rule {rule})"),
+        None => detail,
     };
-    // Serializing a struct of strings and numbers cannot fail.
-    (status, serde_json::to_vec(&problem).unwrap_or_default())
+    (code, detail)
+}
+
+/// The response that answers a denied gRPC call: HTTP 200 with the status
+/// in the headers (a "Trailers-Only" response), which every gRPC client
+/// reads as the call's status.
+pub(crate) fn grpc_denial_headers(v: &Verdict, h: &mut HeaderMap) {
+    let (code, message) = grpc_denial(v);
+    h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.insert(GRPC_STATUS, HeaderValue::from(u16::from(code)));
+    let message = percent_encoding::utf8_percent_encode(&message, GRPC_MESSAGE).to_string();
+    insert(h, GRPC_MESSAGE_HEADER, message);
+}
+
+const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE_HEADER: HeaderName = HeaderName::from_static("grpc-message");
+
+/// Whether `h` belongs to a gRPC call, which must be answered in gRPC's
+/// terms rather than with an HTTP status and a JSON body.
+pub(crate) fn is_grpc(h: &HeaderMap) -> bool {
+    h.get(CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.starts_with("application/grpc"))
 }
 
 /// Adds the content type of [`denial`]'s body.

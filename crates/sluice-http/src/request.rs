@@ -22,7 +22,8 @@ use sluice_policy::{Claims, Policy, Request};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct PeerAddr(pub SocketAddr);
 
-/// The socket peer of `req`: [`PeerAddr`], or axum's `ConnectInfo`.
+/// The socket peer of `req`: [`PeerAddr`], axum's `ConnectInfo`, or
+/// tonic's `TcpConnectInfo` (with the `tonic` feature).
 pub(crate) fn peer<B>(req: &http::Request<B>) -> Option<IpAddr> {
     if let Some(p) = req.extensions().get::<PeerAddr>() {
         return Some(p.0.ip());
@@ -33,6 +34,14 @@ pub(crate) fn peer<B>(req: &http::Request<B>) -> Option<IpAddr> {
         .get::<axum::extract::ConnectInfo<SocketAddr>>()
     {
         return Some(c.0.ip());
+    }
+    #[cfg(feature = "tonic")]
+    if let Some(addr) = req
+        .extensions()
+        .get::<tonic::transport::server::TcpConnectInfo>()
+        .and_then(|c| c.remote_addr())
+    {
+        return Some(addr.ip());
     }
     None
 }

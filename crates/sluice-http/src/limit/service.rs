@@ -11,7 +11,7 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use crate::engine::Enforcer;
-use crate::headers::{denial, rate_limit_headers, set_problem_type};
+use crate::headers::{denial, grpc_denial_headers, is_grpc, rate_limit_headers, set_problem_type};
 use crate::request::{HttpRequest, Verified, peer};
 
 /// A service whose requests pass a policy's rules first.
@@ -19,7 +19,9 @@ use crate::request::{HttpRequest, Verified, peer};
 /// Allowed requests reach the inner service and come back with the
 /// rate-limit headers of every enforced rule that applied. Denied ones are
 /// answered here: 429 with `Retry-After` and a problem-details body (503
-/// when the store failed and a rule fails closed). Shadow rules only count.
+/// when the store failed and a rule fails closed). A denied gRPC call gets
+/// a gRPC status instead (see [`crate::grpc_denial`]), with the same
+/// headers as metadata. Shadow rules only count.
 pub struct RateLimit<S, St> {
     inner: S,
     enforcer: Arc<Enforcer<St>>,
@@ -70,6 +72,12 @@ where
             };
             let headers = rate_limit_headers(&verdict);
             if !verdict.allowed {
+                if is_grpc(req.headers()) {
+                    let mut res = Response::new(Either::Right(Full::new(Bytes::new())));
+                    res.headers_mut().extend(headers);
+                    grpc_denial_headers(&verdict, res.headers_mut());
+                    return Ok(res);
+                }
                 let (status, body) = denial(&verdict);
                 let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
                 *res.status_mut() = status;
