@@ -5,6 +5,12 @@
 //! could have added since the request that learned them was *sent*, bound the
 //! tokens available now from above. When even that bound is short of the
 //! cost, the denial is certain and Redis need not be asked.
+//!
+//! A reset is the one thing that gives a key tokens faster than time does:
+//! the key is forgotten, and replies to requests sent before the reset are
+//! not learned. Resets made elsewhere reach this cache through Redis pub/sub
+//! (see `resets`); when some may have been missed, the whole cache is
+//! cleared the same way.
 
 use std::hash::{BuildHasher, RandomState};
 
@@ -102,6 +108,18 @@ impl DenyCache {
         }
         slot.reset_at = slot.reset_at.max(now);
     }
+
+    /// Forgets every key, as if each had been reset at local time `now`: for
+    /// when resets may have been missed. Slot by slot under each slot's lock,
+    /// so a concurrent `learn` either lands before and is cleared, or after
+    /// and is refused if its request was sent before `now`.
+    pub(crate) fn clear(&self, now: Nanos) {
+        for slot in &self.slots {
+            let mut slot = slot.lock();
+            slot.entry = None;
+            slot.reset_at = slot.reset_at.max(now);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -131,5 +149,31 @@ mod tests {
         assert_eq!(c.deny(fp, &tb, Nanos(10), 1.0, false), None);
         c.learn(fp, &tb, 0.0, Nanos(10));
         assert!(c.deny(fp, &tb, Nanos(10), 1.0, false).is_some());
+    }
+
+    #[test]
+    fn clearing_forgets_every_key_and_older_replies() {
+        let tb = Algorithm::from(TokenBucket::new(1.0, 10.0).unwrap());
+        let c = DenyCache::new(8);
+        let fps: Vec<u64> = (0..20)
+            .map(|i| c.fingerprint("l", &i.to_string(), 0))
+            .collect();
+        for &fp in &fps {
+            c.learn(fp, &tb, 0.0, Nanos(0));
+        }
+        assert!(
+            fps.iter()
+                .any(|&fp| c.deny(fp, &tb, Nanos(0), 1.0, false).is_some())
+        );
+        c.clear(Nanos(5));
+        for &fp in &fps {
+            assert_eq!(c.deny(fp, &tb, Nanos(5), 1.0, false), None);
+            // A reply to a request sent before the clear is not learned...
+            c.learn(fp, &tb, 0.0, Nanos(4));
+            assert_eq!(c.bound(fp, &tb), None);
+        }
+        // ...one sent at or after it is.
+        c.learn(fps[0], &tb, 0.0, Nanos(5));
+        assert!(c.deny(fps[0], &tb, Nanos(5), 1.0, false).is_some());
     }
 }

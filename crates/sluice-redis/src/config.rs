@@ -116,7 +116,8 @@ impl RedisConfig {
         self
     }
 
-    /// Sets the prefix of every key the store writes (default `sluice:`).
+    /// Sets the prefix of every key the store writes (default `sluice:`), and
+    /// of the pub/sub channel resets are announced on (`<prefix>resets`).
     ///
     /// ```
     /// # use sluice_redis::RedisConfig;
@@ -145,6 +146,11 @@ impl RedisConfig {
 
     /// Sets the number of slots in the local deny cache (default 16384);
     /// 0 turns it off.
+    ///
+    /// With the cache on, the store also keeps one pub/sub connection
+    /// subscribed to resets announced on `<prefix>resets` (to the first
+    /// reachable seed node on a Cluster); the cache only denies while that
+    /// subscription stands.
     ///
     /// ```
     /// # use sluice_redis::RedisConfig;

@@ -2,6 +2,15 @@
 //! [`sluice_core::Store`], so that every server sharing one Redis shares one
 //! exact limit.
 //!
+//! Denials that Redis's last reply already proves are answered locally, from
+//! a deny cache. A reset by any store sharing the Redis invalidates it
+//! everywhere: the reset is announced on the pub/sub channel
+//! `<prefix>resets` (in one script call with the delete), every store with
+//! a deny cache listens to it, and a store that is not subscribed (starting
+//! up, or after its connection dropped, until it has re-subscribed and
+//! cleared the cache) denies nothing locally. So the cache only works when
+//! the Redis user may use that channel.
+//!
 //! ```no_run
 //! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
@@ -16,6 +25,7 @@
 mod cache;
 mod config;
 mod keys;
+mod resets;
 mod script;
 mod store;
 

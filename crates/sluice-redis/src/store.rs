@@ -1,6 +1,7 @@
 //! [`RedisStore`]: transactions queue to a dispatcher that sends them to
 //! Redis in batches, one script call per batch (per hash slot on a Cluster),
-//! with a deadline on every call and a local cache of certain denials.
+//! with a deadline on every call and a local cache of certain denials, kept
+//! true across servers by announcing every reset (see `resets`).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -21,6 +22,7 @@ use tokio::time::Instant;
 use crate::cache::DenyCache;
 use crate::config::{ConfigError, RedisConfig};
 use crate::keys;
+use crate::resets::{self, SyncedCache};
 use crate::script::{self, TimeUnit, Txn, TxnReply};
 
 /// A connection to one node (reconnecting) or to a Cluster (routing).
@@ -72,6 +74,15 @@ pub struct RedisStats {
     pub errors: u64,
     /// Calls that missed their deadline.
     pub timeouts: u64,
+    /// Resets announced by any store sharing the Redis (this one included)
+    /// that the deny cache applied.
+    pub invalidations: u64,
+    /// Subscriptions to reset announcements made, each of which cleared the
+    /// deny cache (resets may have been missed before it).
+    pub subscribes: u64,
+    /// Subscriptions lost (a dropped connection, an unanswered keepalive):
+    /// until the next one, the deny cache denies nothing.
+    pub subscription_losses: u64,
 }
 
 #[derive(Default)]
@@ -94,7 +105,9 @@ struct Shared {
     unit: TimeUnit,
     clock: Arc<dyn Clock>,
     client_time: bool,
-    cache: Option<DenyCache>,
+    cache: Option<Arc<SyncedCache>>,
+    /// Where resets are announced.
+    reset_channel: String,
     counters: Counters,
     ready: AtomicBool,
 }
@@ -155,9 +168,13 @@ struct Job {
 /// reloaded on NOSCRIPT), on Redis's own clock. Concurrent transactions
 /// travel together in one script call. Keys expire when their bucket would be
 /// full again. Denials that the last reply already proves are answered
-/// locally. Every call has a deadline (50 ms by default), after which it
-/// fails with [`StoreError::Timeout`]; the caller decides whether that fails
-/// open or closed.
+/// locally, from a deny cache that every reset, by any store sharing the
+/// Redis, invalidates: resets are announced on the pub/sub channel
+/// `<prefix>resets`, which each store with a deny cache listens to on a
+/// connection of its own, and the cache denies nothing while that
+/// subscription is down. Every call has a deadline (50 ms by default), after
+/// which it fails with [`StoreError::Timeout`]; the caller decides whether
+/// that fails open or closed.
 ///
 /// The store is created at once, even while Redis is down; it connects in the
 /// background and [`RedisStore::is_ready`] says when it answers.
@@ -225,7 +242,15 @@ impl RedisStore {
     ) -> Result<RedisStore, NewError> {
         let runtime = tokio::runtime::Handle::try_current().map_err(|_| NewError::NoRuntime)?;
         let conn = connect(&config).map_err(|e| NewError::Client(e.to_string()))?;
-        let cache = (config.deny_cache() > 0).then(|| DenyCache::new(config.deny_cache()));
+        let cache = if config.deny_cache() > 0 {
+            let cache = DenyCache::new(config.deny_cache());
+            Some(
+                SyncedCache::start(cache, &config, clock.clone(), &runtime)
+                    .map_err(|e| NewError::Client(e.to_string()))?,
+            )
+        } else {
+            None
+        };
         let in_flight = config.max_in_flight();
         let shared = Arc::new(Shared {
             conn,
@@ -237,6 +262,7 @@ impl RedisStore {
             clock,
             client_time,
             cache,
+            reset_channel: resets::channel(config.prefix()),
             counters: Counters::default(),
             ready: AtomicBool::new(false),
             config,
@@ -261,12 +287,18 @@ impl RedisStore {
     pub fn stats(&self) -> RedisStats {
         let c = &self.shared.counters;
         let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        let synced = |f: fn(&SyncedCache) -> &AtomicU64| {
+            self.shared.cache.as_deref().map_or(0, |s| get(f(s)))
+        };
         RedisStats {
             remote: get(&c.remote),
             local_denials: get(&c.local_denials),
             script_calls: get(&c.script_calls),
             errors: get(&c.errors),
             timeouts: get(&c.timeouts),
+            invalidations: synced(|s| &s.invalidations),
+            subscribes: synced(|s| &s.subscribes),
+            subscription_losses: synced(|s| &s.losses),
         }
     }
 
@@ -298,9 +330,10 @@ impl RedisStore {
 
     /// The deny-cache fingerprint of every operation (`None` for one outside
     /// the cache: only unsharded token buckets have a bound that only grows
-    /// with time), or nothing when the cache is off.
+    /// with time), or nothing when the cache is off or not to be trusted (not
+    /// subscribed to reset announcements).
     fn cache_fps(&self, ops: &[Op<'_>]) -> Option<(&DenyCache, SmallVec<[Option<u64>; 2]>)> {
-        let cache = self.shared.cache.as_ref()?;
+        let cache = self.shared.cache.as_ref()?.trusted()?;
         let fps = ops
             .iter()
             .map(|op| {
@@ -667,21 +700,41 @@ impl Store for RedisStore {
         let shared = &self.shared;
         // Only shard 0 of an unsharded limit is ever cached.
         let forget = |now: Nanos| {
-            if let Some(cache) = &shared.cache {
+            if let Some(synced) = &shared.cache {
+                let cache = synced.cache();
                 cache.forget(cache.fingerprint(limit.name(), key, 0), now);
             }
         };
         forget(shared.clock.now());
         let mut conn = shared.conn.clone();
-        let mut cmd = redis::cmd("DEL");
-        for s in 0..limit.shards() {
-            cmd.arg(keys::shard_key(shared.config.prefix(), limit, key, s));
-        }
+        let names: Vec<String> = (0..limit.shards())
+            .map(|s| keys::shard_key(shared.config.prefix(), limit, key, s))
+            .collect();
+        // Announced whether or not this store has a deny cache: others
+        // sharing the Redis may.
+        let cmd = resets::reset_command(
+            &names,
+            &shared.reset_channel,
+            &resets::message(limit.name(), key),
+        );
         let r = shared
             .within(cmd.query_async::<Value>(&mut conn))
             .await
-            .map(drop);
-        // Replies to requests sent before the DEL finished may describe the
+            .map(|reply| {
+                if let Err(why) = resets::announced(&reply) {
+                    // The key is reset; only the announcement failed (most
+                    // likely an ACL without the channel, which then keeps
+                    // every store on that user from subscribing, and so from
+                    // trusting its deny cache).
+                    tracing::warn!(
+                        limit = limit.name(),
+                        channel = shared.reset_channel,
+                        error = why,
+                        "reset, but could not announce it to other servers' deny caches"
+                    );
+                }
+            });
+        // Replies to requests sent before the reset finished may describe the
         // state before it; from now on none are learned.
         forget(shared.clock.now());
         if let Err(e) = &r {
