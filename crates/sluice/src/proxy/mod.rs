@@ -1,18 +1,74 @@
 //! `sluice proxy`: a reverse proxy that enforces a policy's rules in front
 //! of any HTTP upstream.
+//!
+//! Each request passes [`sluice_http::RateLimitLayer`] first, exactly as
+//! with the middleware: the client address is the socket peer unless the
+//! peer is one of the policy's `trusted_proxies`, admitted responses carry
+//! the `RateLimit-Policy`/`RateLimit` and legacy headers, and denied
+//! requests get a 429 problem+json with `Retry-After` without the upstream
+//! ever seeing them. Admitted requests are forwarded over a pool of
+//! kept-alive HTTP/1.1 connections, bodies streamed both ways.
+//!
+//! What the upstream sees:
+//! - the method, path and query (under the upstream's base path, if it has
+//!   one), headers and body as the client sent them;
+//! - `Host` as the client sent it (proxied services usually route, link and
+//!   rate limit by it), with `X-Forwarded-Host` the same and
+//!   `X-Forwarded-Proto: http`, both kept as received only from trusted
+//!   proxies;
+//! - `X-Forwarded-For` with the peer address appended;
+//! - no hop-by-hop headers: `Connection` and the headers it names,
+//!   `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade` and
+//!   `Proxy-*` are removed from requests and from responses. Protocol
+//!   upgrades (WebSocket) are therefore not proxied.
+//!
+//! When the upstream refuses connections or breaks off, the client gets a
+//! 502; when it takes longer than the timeout to start its response, a
+//! 504; both as `application/problem+json`.
+
+mod admin;
+mod forward;
+mod upstream;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
+use anyhow::Context;
 use clap::Args;
+use http::Request;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use sluice_core::Store;
+use sluice_http::{Enforcer, PeerAddr, RateLimitLayer};
+use sluice_policy::Policy;
+use tokio::net::TcpListener;
+use tower::{Layer, ServiceExt};
+
+pub use upstream::{DEFAULT_TIMEOUT, Upstream, UpstreamError};
+
+use crate::serve::{AnyStore, Metrics};
+
+/// How long a client has to send a request's headers; a connection that
+/// idles longer mid-request is closed (slowloris).
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The pause after a failed `accept` (out of file descriptors, usually),
+/// so that the loop does not spin while the condition lasts.
+const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Arguments of `sluice proxy`.
 #[derive(Debug, Args)]
 pub struct ProxyArgs {
-    /// The policy whose rules are enforced.
+    /// The policy whose rules are enforced; reloaded when the file changes
+    /// and on SIGHUP.
     #[arg(long, short)]
     pub(crate) policy: PathBuf,
-    /// The upstream every admitted request goes to, as `http://host:port`.
+    /// The upstream every admitted request goes to, as `http://host:port`,
+    /// optionally with a base path (`http://host:port/api`).
     #[arg(long)]
     pub(crate) upstream: String,
     /// Where the proxy listens.
@@ -21,8 +77,213 @@ pub struct ProxyArgs {
     /// The store, overriding the policy's: `memory`, or a Redis URL.
     #[arg(long)]
     pub(crate) store: Option<String>,
+    /// How long the upstream has to start its response once the request is
+    /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
+    /// it the client gets a 504.
+    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    pub(crate) upstream_timeout: Duration,
+    /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
+    /// is no admin listener.
+    #[arg(long)]
+    pub(crate) admin: Option<SocketAddr>,
 }
 
-pub(crate) fn run(_args: ProxyArgs) -> anyhow::Result<()> {
-    anyhow::bail!("sluice proxy is not implemented yet")
+/// `30s`, `500ms`, `2m`, or plain seconds; positive.
+fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
+        Some(i) => s.split_at(i),
+        None => (s, "s"),
+    };
+    let scale = match unit {
+        "ms" => 0.001,
+        "s" => 1.0,
+        "m" => 60.0,
+        _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
+    };
+    let n: f64 = number
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
+    Duration::try_from_secs_f64(n * scale)
+        .ok()
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| format!("{s:?}: the duration must be positive"))
+}
+
+pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
+    crate::serve::init_logs();
+    let upstream = Upstream::parse(&args.upstream)?.with_timeout(args.upstream_timeout);
+    let path = args.policy;
+    let text = std::fs::read_to_string(&path)
+        .with_context(|| format!("{}: cannot read the policy file", path.display()))?;
+    let policy = Policy::from_str(&text, &path)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let store = AnyStore::open(args.store.as_deref(), policy.store())?;
+        let enforcer = Arc::new(Enforcer::new(policy, store));
+        let reload_error = Arc::new(arc_swap::ArcSwapOption::empty());
+        {
+            let enforcer = Arc::clone(&enforcer);
+            let reload_error = Arc::clone(&reload_error);
+            tokio::spawn(crate::reload::watch(path, text, move |path, text| {
+                crate::reload::reload(path, text, &enforcer, &reload_error);
+            }));
+        }
+        let listener = TcpListener::bind(args.listen)
+            .await
+            .with_context(|| format!("cannot listen on {}", args.listen))?;
+
+        // One stop for every listener: the first signal drains them all.
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+            let _ = rx.wait_for(|s| *s).await;
+        };
+        let admin = match args.admin {
+            Some(addr) => {
+                let admin_listener = TcpListener::bind(addr)
+                    .await
+                    .with_context(|| format!("cannot listen on {addr} (admin)"))?;
+                tracing::info!(addr = %admin_listener.local_addr()?, "admin endpoints");
+                let state = Arc::new(admin::Admin {
+                    enforcer: Arc::clone(&enforcer),
+                    reload_error,
+                    metrics: Metrics::global(),
+                });
+                let stop = stopped(stop_rx.clone());
+                Some(tokio::spawn(async move {
+                    axum::serve(admin_listener, admin::router(state))
+                        .with_graceful_shutdown(stop)
+                        .await
+                }))
+            }
+            None => None,
+        };
+        tracing::info!(addr = %listener.local_addr()?, %upstream, "proxying");
+        let server = tokio::spawn(proxy(listener, enforcer, upstream, stopped(stop_rx)));
+
+        shutdown_then(stop_tx).await;
+        // Requests in flight may finish; a second signal cuts them short.
+        let drain = async {
+            let _ = server.await;
+            if let Some(admin) = admin {
+                let _ = admin.await;
+            }
+        };
+        tokio::select! {
+            () = drain => {}
+            () = crate::serve::shutdown_signal() => {
+                tracing::warn!("second signal: stopping without waiting for requests in flight");
+            }
+        }
+        Ok(())
+    })
+}
+
+async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
+    crate::serve::shutdown_signal().await;
+    let _ = stop.send(true);
+}
+
+/// Proxies connections accepted on `listener` to `upstream`, applying the
+/// policy of `enforcer` to every request, until `stop` completes; then
+/// stops accepting, closes idle connections, and returns once the requests
+/// in flight have been answered.
+///
+/// Clients may speak HTTP/1.1 (kept alive) or HTTP/2 without TLS; the
+/// upstream is spoken to in HTTP/1.1 over pooled connections.
+///
+/// ```no_run
+/// use std::sync::Arc;
+/// use sluice::proxy::{Upstream, proxy};
+/// use sluice_core::MemoryStore;
+/// use sluice_http::Enforcer;
+/// use sluice_policy::Policy;
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let policy = Policy::from_str(r#"
+/// rules:
+///   - name: per-ip
+///     limit_keys: [ip:address]
+///     algorithm: token_bucket
+///     algorithm_config: {rps: 10, burst: 20}
+/// "#, "policy.yaml")?;
+/// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+/// let upstream = Upstream::parse("http://127.0.0.1:9000")?;
+/// proxy(listener, enforcer, upstream, async {
+///     let _ = tokio::signal::ctrl_c().await;
+/// })
+/// .await;
+/// # Ok(())
+/// # }
+/// ```
+pub async fn proxy<S: Store + 'static>(
+    listener: TcpListener,
+    enforcer: Arc<Enforcer<S>>,
+    upstream: Upstream,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let service =
+        RateLimitLayer::new(Arc::clone(&enforcer)).layer(forward::Forward::new(upstream, enforcer));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ_TIMEOUT);
+    let graceful = GracefulShutdown::new();
+    tokio::pin!(stop);
+    loop {
+        let (stream, peer) = tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                    continue;
+                }
+            },
+        };
+        // Small responses (429s above all) would otherwise wait on Nagle.
+        let _ = stream.set_nodelay(true);
+        let service = service.clone();
+        let per_request = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+            req.extensions_mut().insert(PeerAddr(peer));
+            service.clone().oneshot(req)
+        });
+        let conn = builder
+            .serve_connection(TokioIo::new(stream), per_request)
+            .into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                // Clients hanging up mid-request are routine.
+                tracing::debug!(%peer, error = %e, "connection ended with an error");
+            }
+        });
+    }
+    drop(listener);
+    tracing::debug!(connections = graceful.count(), "draining connections");
+    graceful.shutdown().await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations_parse_with_units() {
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
+        for bad in ["", "0s", "-1s", "3h", "s", "1e400"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
 }

@@ -98,7 +98,7 @@ pub async fn serve(
         .context("the HTTP server failed")
 }
 
-fn init_logs() {
+pub(crate) fn init_logs() {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     // A second initialisation (tests) is harmless; the first one stays.
@@ -108,7 +108,7 @@ fn init_logs() {
         .try_init();
 }
 
-async fn shutdown_signal() {
+pub(crate) async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -1,0 +1,473 @@
+//! The forwarding half of the proxy: a tower service that sends each
+//! request on to the upstream over a pool of kept-alive connections and
+//! streams the answer back, rewriting only what a proxy must (hop-by-hop
+//! headers, `Host`, `X-Forwarded-*`) and answering 502/504 itself when the
+//! upstream fails.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::IpAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::header::{
+    CONNECTION, CONTENT_TYPE, COOKIE, HOST, HeaderName, HeaderValue, TE, TRAILER,
+    TRANSFER_ENCODING, UPGRADE,
+};
+use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
+use http_body_util::{Either, Full};
+use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use sluice_core::Store;
+use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr};
+use tokio::sync::oneshot;
+
+use super::Upstream;
+
+/// The body of a proxied response: the upstream's, streamed, or one the
+/// proxy wrote (a 502 or 504).
+pub(crate) type ProxyBody = Either<Incoming, Full<Bytes>>;
+
+/// How long an idle upstream connection stays in the pool. Shorter than
+/// the usual upstream keep-alive timeouts would only cost reconnects; the
+/// pool drops a connection the upstream closed as soon as it notices.
+const POOL_IDLE: Duration = Duration::from_secs(60);
+
+/// TCP keep-alive probes on upstream connections, so that a peer that
+/// vanished without a FIN is noticed while the connection idles.
+const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+
+/// Sends requests to the upstream. Cheap to clone: clones share the
+/// connection pool.
+pub(crate) struct Forward<S> {
+    client: Client<HttpConnector, SentBody>,
+    upstream: Arc<Upstream>,
+    /// For the policy's trusted proxies, whose `X-Forwarded-*` are kept.
+    enforcer: Arc<Enforcer<S>>,
+}
+
+impl<S> Clone for Forward<S> {
+    fn clone(&self) -> Self {
+        Forward {
+            client: self.client.clone(),
+            upstream: Arc::clone(&self.upstream),
+            enforcer: Arc::clone(&self.enforcer),
+        }
+    }
+}
+
+impl<S: Store + 'static> Forward<S> {
+    /// A forwarder to `upstream`, with its own connection pool.
+    pub(crate) fn new(upstream: Upstream, enforcer: Arc<Enforcer<S>>) -> Self {
+        let mut connector = HttpConnector::new();
+        // Small requests and responses would otherwise wait on Nagle.
+        connector.set_nodelay(true);
+        connector.set_keepalive(Some(TCP_KEEPALIVE));
+        connector.set_connect_timeout(Some(upstream.timeout()));
+        let client = Client::builder(TokioExecutor::new())
+            // Without a timer the pool never evicts idle connections.
+            .pool_timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
+        Forward {
+            client,
+            upstream: Arc::new(upstream),
+            enforcer,
+        }
+    }
+
+    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+        if req.method() == Method::CONNECT {
+            return problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "CONNECT is not supported: this is a reverse proxy",
+            );
+        }
+        let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
+        let (parts, body) = req.into_parts();
+        let Ok(uri) = self.upstream.uri_for(&parts.uri) else {
+            return problem(
+                StatusCode::BAD_REQUEST,
+                "the request target cannot be forwarded",
+            );
+        };
+        let mut headers = parts.headers;
+        // HTTP/2 clients name the host in the `:authority` pseudo-header,
+        // which the URI carries; an HTTP/1.1 upstream needs it in `Host`.
+        let host = headers.get(HOST).cloned().or_else(|| {
+            parts
+                .uri
+                .authority()
+                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        });
+        strip_hop_by_hop(&mut headers);
+        if parts.version == Version::HTTP_2 {
+            join_cookies(&mut headers);
+        }
+        if let Some(h) = &host {
+            headers.insert(HOST, h.clone());
+        }
+        let trusted = peer.is_some_and(|p| self.enforcer.policy().trusted_proxies().contains(p));
+        add_forwarded(&mut headers, peer, host.as_ref(), trusted);
+
+        let (body, sent) = SentBody::new(body);
+        let mut out = Request::new(body);
+        *out.method_mut() = parts.method;
+        *out.uri_mut() = uri;
+        // Whatever the client spoke, the upstream hears HTTP/1.1, the
+        // version with keep-alive by default.
+        *out.version_mut() = Version::HTTP_11;
+        *out.headers_mut() = headers;
+
+        let timeout = self.upstream.timeout();
+        let deadline = async move {
+            // Resolves when the body is done or dropped; either way the
+            // upstream has all it will get, and the clock starts.
+            let _ = sent.await;
+            tokio::time::sleep(timeout).await;
+        };
+        let started = Instant::now();
+        let result = tokio::select! {
+            r = self.client.request(out) => Some(r),
+            () = deadline => None,
+        };
+        ::metrics::histogram!("sluice_proxy_upstream_seconds")
+            .record(started.elapsed().as_secs_f64());
+        match result {
+            Some(Ok(res)) => {
+                let (mut parts, body) = res.into_parts();
+                strip_hop_by_hop(&mut parts.headers);
+                Response::from_parts(parts, Either::Left(body))
+            }
+            Some(Err(e)) if e.is_connect() && timed_out(&e) => {
+                upstream_error("timeout", &e);
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the upstream did not accept a connection in time",
+                )
+            }
+            Some(Err(e)) if e.is_connect() => {
+                upstream_error("connect", &e);
+                problem(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            }
+            Some(Err(e)) => {
+                upstream_error("protocol", &e);
+                problem(
+                    StatusCode::BAD_GATEWAY,
+                    "the upstream closed the connection or sent an invalid response",
+                )
+            }
+            None => {
+                ::metrics::counter!("sluice_proxy_upstream_errors_total", "kind" => "timeout")
+                    .increment(1);
+                tracing::warn!(upstream = %self.upstream, ?timeout, "upstream timed out");
+                problem(
+                    StatusCode::GATEWAY_TIMEOUT,
+                    "the upstream did not answer in time",
+                )
+            }
+        }
+    }
+}
+
+impl<S: Store + 'static> tower::Service<Request<Incoming>> for Forward<S> {
+    type Response = Response<ProxyBody>;
+    type Error = Infallible;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Infallible>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        // The pool has no limit to wait for.
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: Request<Incoming>) -> Self::Future {
+        let this = self.clone();
+        Box::pin(async move { Ok(this.forward(req).await) })
+    }
+}
+
+fn upstream_error(kind: &'static str, e: &hyper_util::client::legacy::Error) {
+    ::metrics::counter!("sluice_proxy_upstream_errors_total", "kind" => kind).increment(1);
+    tracing::warn!(error = %chain(e), "upstream request failed");
+}
+
+/// An error and its causes on one line: the legacy client's own message is
+/// only "client error (Connect)".
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut out = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        out.push_str(": ");
+        out.push_str(&s.to_string());
+        source = s.source();
+    }
+    out
+}
+
+/// Whether the connector gave up waiting, rather than being refused.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(s) = source {
+        if let Some(io) = s.downcast_ref::<std::io::Error>()
+            && io.kind() == std::io::ErrorKind::TimedOut
+        {
+            return true;
+        }
+        source = s.source();
+    }
+    false
+}
+
+/// Removes the headers that describe one connection rather than the
+/// message (RFC 9110 §7.6.1): `Connection` and every header it names,
+/// `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade`, and
+/// `Proxy-*` (plus `Proxy` itself, the httpoxy vector). Body framing is
+/// hyper's business on each side, so dropping `Transfer-Encoding` loses
+/// nothing.
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    let named: Vec<HeaderName> = headers
+        .get_all(CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|n| HeaderName::from_bytes(n.trim().as_bytes()).ok())
+        .collect();
+    for name in &named {
+        headers.remove(name);
+    }
+    for name in [
+        &CONNECTION,
+        &KEEP_ALIVE,
+        &TE,
+        &TRAILER,
+        &TRANSFER_ENCODING,
+        &UPGRADE,
+    ] {
+        headers.remove(name);
+    }
+    let proxy: Vec<HeaderName> = headers
+        .keys()
+        .filter(|n| n.as_str() == "proxy" || n.as_str().starts_with("proxy-"))
+        .cloned()
+        .collect();
+    for name in &proxy {
+        headers.remove(name);
+    }
+}
+
+/// HTTP/2 lets a client split `Cookie` into one field per cookie; HTTP/1.1
+/// allows one field, so they are joined with `; ` (RFC 9113 §8.2.3).
+fn join_cookies(headers: &mut HeaderMap) {
+    if headers.get_all(COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let joined: Vec<&[u8]> = headers
+        .get_all(COOKIE)
+        .iter()
+        .map(|v| v.as_bytes())
+        .collect();
+    if let Ok(v) = HeaderValue::from_bytes(&joined.join(&b"; "[..])) {
+        headers.insert(COOKIE, v);
+    }
+}
+
+/// `X-Forwarded-For` gets the peer appended, so its last entry is always
+/// the address this proxy saw. `X-Forwarded-Host` and `-Proto` are set from
+/// this hop, unless the peer is one of the policy's trusted proxies and
+/// already said them (a TLS terminator in front knows the real scheme).
+fn add_forwarded(
+    headers: &mut HeaderMap,
+    peer: Option<IpAddr>,
+    host: Option<&HeaderValue>,
+    trusted: bool,
+) {
+    if let Some(ip) = peer {
+        let ip = ip.to_canonical().to_string();
+        let prior: Vec<&str> = headers
+            .get_all(&X_FORWARDED_FOR)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::trim)
+            .filter(|v| !v.is_empty())
+            .collect();
+        let value = if prior.is_empty() {
+            ip
+        } else {
+            format!("{}, {ip}", prior.join(", "))
+        };
+        if let Ok(v) = HeaderValue::from_str(&value) {
+            headers.insert(X_FORWARDED_FOR.clone(), v);
+        }
+    }
+    if !(trusted && headers.contains_key(&X_FORWARDED_HOST))
+        && let Some(h) = host
+    {
+        headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+    }
+    if !(trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
+        // The proxy listens on plain TCP only.
+        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+    }
+}
+
+/// A problem-details response written by the proxy itself.
+pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
+    let body = serde_json::json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or(""),
+        "status": status.as_u16(),
+        "detail": detail,
+    });
+    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    *res.status_mut() = status;
+    res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+    res
+}
+
+/// A request body on its way upstream, which says when it has all been
+/// sent (or abandoned), so that the upstream's time to answer is counted
+/// from then and a slow upload is never mistaken for a slow upstream.
+pub(crate) struct SentBody {
+    inner: Incoming,
+    /// Dropped, waking the receiver, once the body is finished.
+    sent: Option<oneshot::Sender<()>>,
+}
+
+impl SentBody {
+    fn new(inner: Incoming) -> (SentBody, oneshot::Receiver<()>) {
+        let (tx, rx) = oneshot::channel();
+        // An empty body may never be polled at all.
+        let sent = (!inner.is_end_stream()).then_some(tx);
+        (SentBody { inner, sent }, rx)
+    }
+}
+
+impl Body for SentBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+        let this = &mut *self;
+        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        // A body of known length ends with its last frame: hyper does not
+        // poll it again for the `None`.
+        if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
+            this.sent = None;
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (n, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(n.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    #[test]
+    fn hop_by_hop_headers_and_those_connection_names_go() {
+        let mut h = map(&[
+            ("connection", "keep-alive, X-Secret"),
+            ("connection", "x-other"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("trailer", "x-sum"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "websocket"),
+            ("proxy-authorization", "Basic eA=="),
+            ("proxy-connection", "keep-alive"),
+            ("proxy", "http://evil"),
+            ("x-kept", "3"),
+            ("authorization", "Bearer t"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        let mut left: Vec<&str> = h.keys().map(HeaderName::as_str).collect();
+        left.sort_unstable();
+        assert_eq!(left, ["authorization", "x-kept"]);
+    }
+
+    #[test]
+    fn the_peer_is_appended_and_untrusted_forwarded_claims_are_replaced() {
+        let host = HeaderValue::from_static("api.example");
+        let peer = Some("192.0.2.7".parse().unwrap());
+        let mut h = map(&[
+            ("x-forwarded-for", "203.0.113.1"),
+            ("x-forwarded-for", " 10.0.0.1 "),
+            ("x-forwarded-host", "evil.example"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        add_forwarded(&mut h, peer, Some(&host), false);
+        assert_eq!(h["x-forwarded-for"], "203.0.113.1, 10.0.0.1, 192.0.2.7");
+        assert_eq!(h["x-forwarded-host"], "api.example");
+        assert_eq!(h["x-forwarded-proto"], "http");
+
+        let mut h = map(&[
+            ("x-forwarded-host", "a.example"),
+            ("x-forwarded-proto", "https"),
+        ]);
+        add_forwarded(&mut h, peer, Some(&host), true);
+        assert_eq!(h["x-forwarded-for"], "192.0.2.7");
+        assert_eq!(h["x-forwarded-host"], "a.example");
+        assert_eq!(h["x-forwarded-proto"], "https");
+
+        // IPv4-mapped peers are written as the IPv4 address they are.
+        let mut h = HeaderMap::new();
+        add_forwarded(
+            &mut h,
+            Some("::ffff:192.0.2.9".parse().unwrap()),
+            None,
+            false,
+        );
+        assert_eq!(h["x-forwarded-for"], "192.0.2.9");
+        assert!(h.get("x-forwarded-host").is_none());
+    }
+
+    #[test]
+    fn split_cookies_are_joined() {
+        let mut h = map(&[("cookie", "a=1"), ("cookie", "b=2")]);
+        join_cookies(&mut h);
+        assert_eq!(h.get_all(COOKIE).iter().count(), 1);
+        assert_eq!(h[COOKIE], "a=1; b=2");
+    }
+
+    #[test]
+    fn problems_are_problem_json() {
+        let res = problem(StatusCode::BAD_GATEWAY, "down");
+        assert_eq!(res.status(), 502);
+        assert_eq!(res.headers()[CONTENT_TYPE], "application/problem+json");
+    }
+}

@@ -1,0 +1,902 @@
+//! `sluice proxy` with real sockets: a real upstream (axum) that records
+//! what reaches it, the proxy in process on a port-0 listener, a real HTTP
+//! client (reqwest, or raw TCP where a client library would tidy up the
+//! very headers under test), and once the real binary.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+use std::collections::HashSet;
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::{ConnectInfo, Request, State};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{any, get, post};
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::Frame;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use serde_json::{Value, json};
+use sluice::proxy::{Upstream, proxy};
+use sluice_core::MemoryStore;
+use sluice_http::Enforcer;
+use sluice_policy::Policy;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+/// Three requests per client address, refilling too slowly to matter
+/// within a test.
+const THREE: &str = "
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 3600, burst: 3}
+";
+
+/// Enough for every test that is not about limits.
+const GENEROUS: &str = "
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1000, period: 1, burst: 1000}
+";
+
+/// The longest any test waits for something that should be immediate.
+const PATIENCE: Duration = Duration::from_secs(10);
+
+// ---------------------------------------------------------------------------
+// The upstream
+
+/// What the upstream saw, and the hooks tests use to pace it.
+#[derive(Default)]
+struct Seen {
+    hits: AtomicUsize,
+    ports: Mutex<HashSet<u16>>,
+    /// Receives the first chunk of a `/stream-in` body.
+    first_chunk: Mutex<Option<oneshot::Sender<Bytes>>>,
+    /// The body `/stream-out` answers with.
+    stream_out: Mutex<Option<mpsc::Receiver<Bytes>>>,
+    /// `/gate` answers once this resolves; `arrived` says it is waiting.
+    gate: Mutex<Option<oneshot::Receiver<()>>>,
+    arrived: Mutex<Option<oneshot::Sender<()>>>,
+}
+
+impl Seen {
+    fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+
+    fn ports(&self) -> usize {
+        self.ports.lock().unwrap().len()
+    }
+}
+
+async fn record(
+    State(seen): State<Arc<Seen>>,
+    ConnectInfo(peer): ConnectInfo<SocketAddr>,
+    req: Request,
+    next: Next,
+) -> Response {
+    seen.hits.fetch_add(1, Ordering::SeqCst);
+    seen.ports.lock().unwrap().insert(peer.port());
+    next.run(req).await
+}
+
+/// Answers with everything it received, as JSON.
+async fn echo(req: Request) -> axum::Json<Value> {
+    let (parts, body) = req.into_parts();
+    let body = body.collect().await.unwrap().to_bytes();
+    let mut headers = serde_json::Map::new();
+    for name in parts.headers.keys() {
+        let values: Vec<Value> = parts
+            .headers
+            .get_all(name)
+            .iter()
+            .map(|v| Value::from(v.to_str().unwrap()))
+            .collect();
+        headers.insert(name.as_str().to_owned(), Value::Array(values));
+    }
+    axum::Json(json!({
+        "method": parts.method.as_str(),
+        "path": parts.uri.path(),
+        "query": parts.uri.query(),
+        "version": format!("{:?}", parts.version),
+        "headers": headers,
+        "body": String::from_utf8_lossy(&body),
+    }))
+}
+
+/// Streams the request body straight back.
+async fn mirror(req: Request) -> Response {
+    Response::new(req.into_body())
+}
+
+/// Reports the first chunk as soon as it arrives, then answers with the
+/// whole body.
+async fn stream_in(State(seen): State<Arc<Seen>>, req: Request) -> String {
+    let mut body = req.into_body();
+    let first = loop {
+        let frame = body.frame().await.unwrap().unwrap();
+        if let Ok(data) = frame.into_data() {
+            break data;
+        }
+    };
+    if let Some(tx) = seen.first_chunk.lock().unwrap().take() {
+        let _ = tx.send(first.clone());
+    }
+    let rest = body.collect().await.unwrap().to_bytes();
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&first),
+        String::from_utf8_lossy(&rest)
+    )
+}
+
+/// A body fed by a channel, chunk by chunk, as the test decides.
+struct ChannelBody(mpsc::Receiver<Bytes>);
+
+impl hyper::body::Body for ChannelBody {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
+    }
+}
+
+async fn stream_out(State(seen): State<Arc<Seen>>) -> Response {
+    let rx = seen.stream_out.lock().unwrap().take().unwrap();
+    Response::new(Body::new(ChannelBody(rx)))
+}
+
+async fn gate(State(seen): State<Arc<Seen>>) -> &'static str {
+    let rx = seen.gate.lock().unwrap().take().unwrap();
+    if let Some(tx) = seen.arrived.lock().unwrap().take() {
+        let _ = tx.send(());
+    }
+    rx.await.unwrap();
+    "through the gate"
+}
+
+/// A response with every kind of hop-by-hop header.
+async fn hop() -> Response {
+    (
+        [
+            ("connection", "x-secret"),
+            ("x-secret", "1"),
+            ("keep-alive", "timeout=5"),
+            ("proxy-authenticate", "Basic realm=x"),
+            ("trailer", "x-sum"),
+            ("upgrade", "h2c"),
+            ("x-kept", "yes"),
+        ],
+        "hop",
+    )
+        .into_response()
+}
+
+async fn start_upstream() -> (SocketAddr, Arc<Seen>) {
+    let seen = Arc::new(Seen::default());
+    let app = Router::new()
+        .route("/mirror", post(mirror))
+        .route("/stream-in", post(stream_in))
+        .route("/stream-out", get(stream_out))
+        .route("/gate", get(gate))
+        .route("/hop", get(hop))
+        .route("/slow", any(std::future::pending::<&'static str>))
+        .fallback(echo)
+        .layer(axum::middleware::from_fn_with_state(
+            Arc::clone(&seen),
+            record,
+        ))
+        .with_state(Arc::clone(&seen));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
+    });
+    (addr, seen)
+}
+
+// ---------------------------------------------------------------------------
+// The proxy, in process
+
+struct Proxy {
+    addr: SocketAddr,
+    stop: Option<oneshot::Sender<()>>,
+    task: JoinHandle<()>,
+}
+
+impl Proxy {
+    fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+}
+
+async fn start_proxy(policy: &str, upstream: &str, timeout: Duration) -> Proxy {
+    let policy = Policy::from_str(policy, "policy.yaml").unwrap();
+    let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let upstream = Upstream::parse(upstream).unwrap().with_timeout(timeout);
+    let (tx, rx) = oneshot::channel::<()>();
+    let task = tokio::spawn(proxy(listener, enforcer, upstream, async move {
+        let _ = rx.await;
+    }));
+    Proxy {
+        addr,
+        stop: Some(tx),
+        task,
+    }
+}
+
+/// An upstream and a proxy in front of it.
+async fn pair(policy: &str) -> (Proxy, Arc<Seen>) {
+    let (up, seen) = start_upstream().await;
+    let proxy = start_proxy(policy, &format!("http://{up}"), PATIENCE).await;
+    (proxy, seen)
+}
+
+fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
+    res.headers()
+        .get(name)
+        .unwrap_or_else(|| panic!("no {name} in {:?}", res.headers()))
+        .to_str()
+        .unwrap()
+}
+
+async fn problem(res: reqwest::Response, status: u16) -> Value {
+    assert_eq!(res.status(), status);
+    assert_eq!(header(&res, "content-type"), "application/problem+json");
+    let body: Value = res.json().await.unwrap();
+    assert_eq!(body["status"], status, "{body}");
+    body
+}
+
+/// Deterministic bytes that are not a repeating pattern a broken proxy
+/// could reproduce by accident.
+fn noise(len: usize) -> Vec<u8> {
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    (0..len)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x as u8
+        })
+        .collect()
+}
+
+// ---------------------------------------------------------------------------
+// Raw HTTP/1.1, for headers a client library would not send as written
+
+struct Raw(BufReader<TcpStream>);
+
+impl Raw {
+    async fn connect(addr: SocketAddr) -> Raw {
+        Raw(BufReader::new(TcpStream::connect(addr).await.unwrap()))
+    }
+
+    async fn send(&mut self, bytes: &[u8]) {
+        self.0.get_mut().write_all(bytes).await.unwrap();
+    }
+
+    /// One response with a `Content-Length` body: status, lower-cased
+    /// headers, body.
+    async fn response(&mut self) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        let mut line = String::new();
+        self.0.read_line(&mut line).await.unwrap();
+        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
+        let mut headers = Vec::new();
+        loop {
+            line.clear();
+            self.0.read_line(&mut line).await.unwrap();
+            let l = line.trim_end();
+            if l.is_empty() {
+                break;
+            }
+            let (n, v) = l.split_once(':').unwrap();
+            headers.push((n.to_ascii_lowercase(), v.trim().to_owned()));
+        }
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("a content-length");
+        let mut body = vec![0; len];
+        self.0.read_exact(&mut body).await.unwrap();
+        (status, headers, body)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// The tests
+
+#[tokio::test]
+async fn admitted_requests_reach_the_upstream_intact_with_rate_limit_headers() {
+    let (up, seen) = start_upstream().await;
+    let p = start_proxy(THREE, &format!("http://{up}"), PATIENCE).await;
+    let client = reqwest::Client::new();
+    let res = client
+        .put(p.url("/v1/items/7?tenant=acme&tag=a&tag=b"))
+        .header("host", "api.example.test")
+        .header("x-api-key", "k1")
+        .header("x-multi", "one")
+        .header("x-forwarded-for", "203.0.113.5")
+        .header("x-forwarded-proto", "https")
+        .header("authorization", "Bearer t0ken")
+        .body("the body")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    // The upstream's own headers come back, plus the limiter's.
+    assert_eq!(header(&res, "content-type"), "application/json");
+    assert_eq!(header(&res, "ratelimit-policy"), r#""per-ip";q=3;w=10800"#);
+    assert!(
+        header(&res, "ratelimit").starts_with(r#""per-ip";r=2;t="#),
+        "{res:?}"
+    );
+    assert_eq!(header(&res, "x-ratelimit-limit"), "3");
+    assert_eq!(header(&res, "x-ratelimit-remaining"), "2");
+    assert!(res.headers().get("retry-after").is_none());
+
+    let got: Value = res.json().await.unwrap();
+    assert_eq!(got["method"], "PUT");
+    assert_eq!(got["path"], "/v1/items/7");
+    assert_eq!(got["query"], "tenant=acme&tag=a&tag=b");
+    assert_eq!(got["body"], "the body");
+    assert_eq!(got["version"], "HTTP/1.1");
+    let h = &got["headers"];
+    assert_eq!(h["host"], json!(["api.example.test"]));
+    assert_eq!(h["x-api-key"], json!(["k1"]));
+    assert_eq!(h["authorization"], json!(["Bearer t0ken"]));
+    assert_eq!(h["content-length"], json!(["8"]));
+    assert_eq!(h["x-forwarded-for"], json!(["203.0.113.5, 127.0.0.1"]));
+    assert_eq!(h["x-forwarded-host"], json!(["api.example.test"]));
+    // The client is no trusted proxy: it does not get to say the scheme.
+    assert_eq!(h["x-forwarded-proto"], json!(["http"]));
+    assert_eq!(seen.hits(), 1);
+
+    // Under a base path, the request's path goes below it.
+    let based = start_proxy(GENEROUS, &format!("http://{up}/base/"), PATIENCE).await;
+    let got: Value = client
+        .get(based.url("/v1/x?y=1"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (&got["path"], &got["query"]),
+        (&json!("/base/v1/x"), &json!("y=1"))
+    );
+    // Without a Host of its own choosing, the client's is the proxy's
+    // address, and that is what the upstream sees.
+    assert_eq!(got["headers"]["host"], json!([based.addr.to_string()]));
+}
+
+#[tokio::test]
+async fn http2_clients_are_forwarded_as_http1_with_their_authority_as_host() {
+    let (p, _) = pair(GENEROUS).await;
+    let io = TokioIo::new(TcpStream::connect(p.addr).await.unwrap());
+    let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::post("http://api.example.test/h2?x=1")
+        .header("cookie", "a=1")
+        .header("cookie", "b=2")
+        .header("te", "trailers")
+        .body(http_body_util::Full::new(Bytes::from_static(b"over h2")))
+        .unwrap();
+    let res = send.send_request(req).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.version(), http::Version::HTTP_2);
+    assert!(res.headers().get("ratelimit").is_some());
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let got: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got["version"], "HTTP/1.1");
+    assert_eq!(
+        (&got["path"], &got["query"]),
+        (&json!("/h2"), &json!("x=1"))
+    );
+    assert_eq!(got["body"], "over h2");
+    let h = &got["headers"];
+    assert_eq!(h["host"], json!(["api.example.test"]));
+    assert_eq!(h["x-forwarded-host"], json!(["api.example.test"]));
+    // HTTP/1.1 allows one Cookie field.
+    assert_eq!(h["cookie"], json!(["a=1; b=2"]));
+    assert!(h.get("te").is_none());
+}
+
+#[tokio::test]
+async fn denied_requests_get_a_429_problem_and_never_reach_the_upstream() {
+    let (p, seen) = pair(THREE).await;
+    let client = reqwest::Client::new();
+    for remaining in (0..3).rev() {
+        let res = client.get(p.url("/a")).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), remaining.to_string());
+    }
+    for _ in 0..2 {
+        let res = client.post(p.url("/a")).body("x").send().await.unwrap();
+        let retry: u64 = header(&res, "retry-after").parse().unwrap();
+        // One token an hour: the wait is most of an hour, plus jitter.
+        assert!((3000..=5400).contains(&retry), "retry-after {retry}");
+        assert_eq!(header(&res, "x-ratelimit-remaining"), "0");
+        assert!(header(&res, "ratelimit").starts_with(r#""per-ip";r=0;"#));
+        let body = problem(res, 429).await;
+        assert_eq!(body["rule"], "per-ip");
+    }
+    assert_eq!(
+        seen.hits(),
+        3,
+        "denied requests must not reach the upstream"
+    );
+}
+
+#[tokio::test]
+async fn a_spoofed_x_forwarded_for_does_not_change_the_key() {
+    let client = reqwest::Client::new();
+    let (p, seen) = pair(THREE).await;
+    let statuses = async |p: &Proxy| {
+        let mut out = Vec::new();
+        for i in 1..=4 {
+            let res = client
+                .get(p.url("/"))
+                .header("x-forwarded-for", format!("198.51.100.{i}"))
+                .header("forwarded", format!("for=198.51.100.{i}"))
+                .send()
+                .await
+                .unwrap();
+            out.push(res.status().as_u16());
+        }
+        out
+    };
+    assert_eq!(statuses(&p).await, [200, 200, 200, 429]);
+    assert_eq!(seen.hits(), 3);
+
+    // The control: when the peer is a trusted proxy, the same headers do
+    // name four different clients.
+    let trusted = format!("trusted_proxies: [127.0.0.1]\n{THREE}");
+    let (p, seen) = pair(&trusted).await;
+    assert_eq!(statuses(&p).await, [200, 200, 200, 200]);
+    assert_eq!(seen.hits(), 4);
+}
+
+#[tokio::test]
+async fn large_bodies_pass_both_ways_intact() {
+    let (p, seen) = pair(GENEROUS).await;
+    let sent = noise(8 << 20);
+    let res = reqwest::Client::new()
+        .post(p.url("/mirror"))
+        .body(sent.clone())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("ratelimit").is_some());
+    let got = res.bytes().await.unwrap();
+    assert_eq!(got.len(), sent.len());
+    assert!(got == sent, "the body came back altered");
+    assert_eq!(seen.hits(), 1);
+}
+
+#[tokio::test]
+async fn bodies_are_streamed_not_buffered() {
+    let (p, seen) = pair(GENEROUS).await;
+
+    // Upload: the upstream has the first chunk while the client still
+    // holds back the rest, so the proxy cannot be waiting for the whole.
+    let (tx, first) = oneshot::channel();
+    *seen.first_chunk.lock().unwrap() = Some(tx);
+    let mut raw = Raw::connect(p.addr).await;
+    raw.send(
+        b"POST /stream-in HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n",
+    )
+    .await;
+    let first = tokio::time::timeout(PATIENCE, first)
+        .await
+        .expect("the first chunk to reach the upstream before the body ends")
+        .unwrap();
+    assert_eq!(first, "hello");
+    raw.send(b"6\r\n world\r\n0\r\n\r\n").await;
+    let (status, _, body) = raw.response().await;
+    assert_eq!((status, body.as_slice()), (200, &b"hello world"[..]));
+
+    // Download: the client has the first chunk while the upstream still
+    // holds back the rest.
+    let (tx, rx) = mpsc::channel(1);
+    *seen.stream_out.lock().unwrap() = Some(rx);
+    let mut res = reqwest::get(p.url("/stream-out")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    tx.send(Bytes::from_static(b"first")).await.unwrap();
+    let chunk = tokio::time::timeout(PATIENCE, res.chunk())
+        .await
+        .expect("the first chunk to reach the client before the body ends")
+        .unwrap()
+        .unwrap();
+    assert_eq!(chunk, "first");
+    tx.send(Bytes::from_static(b" and the rest")).await.unwrap();
+    drop(tx);
+    let mut rest = Vec::new();
+    while let Some(c) = res.chunk().await.unwrap() {
+        rest.extend_from_slice(&c);
+    }
+    assert_eq!(rest, b" and the rest");
+}
+
+#[tokio::test]
+async fn upstream_connections_are_pooled_and_reused() {
+    let (p, seen) = pair(GENEROUS).await;
+    let client = reqwest::Client::new();
+    for i in 0..20 {
+        let res = client
+            .post(p.url(&format!("/n/{i}")))
+            .body(format!("request {i}"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let got: Value = res.json().await.unwrap();
+        assert_eq!(got["body"], format!("request {i}"));
+    }
+    assert_eq!(seen.hits(), 20);
+    // Sequential requests need one connection; allow for one the upstream
+    // might have closed in between.
+    assert!(
+        seen.ports() <= 2,
+        "{} upstream connections for 20 sequential requests",
+        seen.ports()
+    );
+}
+
+#[tokio::test]
+async fn hop_by_hop_headers_are_stripped_both_ways_and_clients_are_kept_alive() {
+    let (p, seen) = pair(GENEROUS).await;
+    let mut raw = Raw::connect(p.addr).await;
+    // Two requests on one client connection: the proxy keeps it open.
+    for i in 0..2 {
+        let req = format!(
+            "POST /hop-in HTTP/1.1\r\nHost: api.example.test\r\n\
+             Connection: keep-alive, X-Secret\r\nConnection: x-other\r\n\
+             X-Secret: s\r\nX-Other: o\r\nKeep-Alive: timeout=5\r\nTE: trailers\r\n\
+             Trailer: x-sum\r\nProxy-Authorization: Basic eDp5\r\nProxy-Connection: keep-alive\r\n\
+             Proxy: http://evil.example\r\nUpgrade: websocket\r\nX-Kept: {i}\r\n\
+             Transfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        );
+        raw.send(req.as_bytes()).await;
+        let (status, headers, body) = raw.response().await;
+        assert_eq!(status, 200);
+        assert!(headers.iter().any(|(n, _)| n == "ratelimit"), "{headers:?}");
+        let got: Value = serde_json::from_slice(&body).unwrap();
+        assert_eq!(got["body"], "abc");
+        let names: Vec<&str> = got["headers"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        for gone in [
+            "x-secret",
+            "x-other",
+            "keep-alive",
+            "te",
+            "trailer",
+            "proxy-authorization",
+            "proxy-connection",
+            "proxy",
+            "upgrade",
+            "connection",
+        ] {
+            assert!(
+                !names.contains(&gone),
+                "{gone} reached the upstream: {names:?}"
+            );
+        }
+        // The proxy frames the body its own way on its own connection:
+        // one `chunked`, not the client's header passed along as well.
+        assert_eq!(got["headers"]["transfer-encoding"], json!(["chunked"]));
+        assert_eq!(got["headers"]["x-kept"], json!([i.to_string()]));
+    }
+    assert_eq!(seen.hits(), 2);
+
+    let res = reqwest::get(p.url("/hop")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    for gone in [
+        "x-secret",
+        "keep-alive",
+        "proxy-authenticate",
+        "trailer",
+        "upgrade",
+    ] {
+        assert!(
+            res.headers().get(gone).is_none(),
+            "{gone} reached the client"
+        );
+    }
+    assert!(
+        res.headers()
+            .get_all("connection")
+            .iter()
+            .all(|v| !v.to_str().unwrap().contains("x-secret")),
+        "{:?}",
+        res.headers()
+    );
+    assert_eq!(header(&res, "x-kept"), "yes");
+    assert_eq!(res.text().await.unwrap(), "hop");
+}
+
+#[tokio::test]
+async fn an_unreachable_or_broken_upstream_is_a_502_problem() {
+    let client = reqwest::Client::new();
+    // Nothing listens on a port just released.
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let p = start_proxy(GENEROUS, &format!("http://127.0.0.1:{port}"), PATIENCE).await;
+    let res = client.get(p.url("/x")).send().await.unwrap();
+    // The limiter still had its say.
+    assert!(res.headers().get("ratelimit").is_some());
+    let body = problem(res, 502).await;
+    assert_eq!(body["title"], "Bad Gateway");
+
+    // An upstream that accepts and hangs up without answering.
+    let rude = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rude_addr = rude.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (mut s, _) = rude.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = s.read(&mut buf).await;
+            drop(s);
+        }
+    });
+    let p = start_proxy(GENEROUS, &format!("http://{rude_addr}"), PATIENCE).await;
+    let res = client.get(p.url("/x")).send().await.unwrap();
+    problem(res, 502).await;
+}
+
+#[tokio::test]
+async fn a_slow_upstream_is_a_504_problem() {
+    let (up, seen) = start_upstream().await;
+    let timeout = Duration::from_millis(300);
+    let p = start_proxy(GENEROUS, &format!("http://{up}"), timeout).await;
+    let started = Instant::now();
+    let res = reqwest::Client::new()
+        .post(p.url("/slow"))
+        .body("some body")
+        .send()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    let body = problem(res, 504).await;
+    assert_eq!(body["title"], "Gateway Timeout");
+    assert!(
+        took >= timeout && took < PATIENCE,
+        "answered after {took:?}"
+    );
+    assert_eq!(seen.hits(), 1);
+
+    // A slow upload is not a slow upstream: the clock starts when the
+    // request body has been sent.
+    let (tx, first) = oneshot::channel();
+    *seen.first_chunk.lock().unwrap() = Some(tx);
+    let mut raw = Raw::connect(p.addr).await;
+    raw.send(
+        b"POST /stream-in HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n4\r\nslow\r\n",
+    )
+    .await;
+    tokio::time::timeout(PATIENCE, first)
+        .await
+        .unwrap()
+        .unwrap();
+    // Not synchronisation: the client really is this slow.
+    tokio::time::sleep(timeout * 2).await;
+    raw.send(b"7\r\n upload\r\n0\r\n\r\n").await;
+    let (status, _, body) = raw.response().await;
+    assert_eq!((status, body.as_slice()), (200, &b"slow upload"[..]));
+}
+
+#[tokio::test]
+async fn stopping_lets_requests_in_flight_finish() {
+    let (mut p, seen) = pair(GENEROUS).await;
+    let (open, gate_rx) = oneshot::channel();
+    let (arrived_tx, arrived) = oneshot::channel();
+    *seen.gate.lock().unwrap() = Some(gate_rx);
+    *seen.arrived.lock().unwrap() = Some(arrived_tx);
+    let url = p.url("/gate");
+    let in_flight = tokio::spawn(async move { reqwest::get(url).await.unwrap().text().await });
+    tokio::time::timeout(PATIENCE, arrived)
+        .await
+        .unwrap()
+        .unwrap();
+
+    p.stop.take().unwrap().send(()).unwrap();
+    // Once the proxy has stopped accepting, release the upstream.
+    let deadline = Instant::now() + PATIENCE;
+    while TcpStream::connect(p.addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "the proxy kept accepting");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !p.task.is_finished(),
+        "the proxy did not wait for the request in flight"
+    );
+    open.send(()).unwrap();
+    let body = tokio::time::timeout(PATIENCE, in_flight)
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(body, "through the gate");
+    tokio::time::timeout(PATIENCE, &mut p.task)
+        .await
+        .expect("the proxy to return once idle")
+        .unwrap();
+}
+
+// ---------------------------------------------------------------------------
+// The binary
+
+/// The `sluice` binary, killed if a test fails before stopping it.
+struct Binary(Child);
+
+impl Drop for Binary {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `check` until it holds, failing after [`PATIENCE`].
+async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + PATIENCE;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+#[cfg(unix)]
+#[tokio::test]
+async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
+    let (up, seen) = start_upstream().await;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, THREE).unwrap();
+    let (port, admin) = (free_port(), free_port());
+    let mut bin = Binary(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["proxy", "--upstream", &format!("http://{up}")])
+            .args(["--listen", &format!("127.0.0.1:{port}")])
+            .args(["--admin", &format!("127.0.0.1:{admin}")])
+            .arg("--policy")
+            .arg(&path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    eventually("the proxy port to accept", async || {
+        TcpStream::connect(("127.0.0.1", port)).await.is_ok()
+    })
+    .await;
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{port}");
+    let admin = format!("http://127.0.0.1:{admin}");
+    let ready = client.get(format!("{admin}/readyz")).send().await.unwrap();
+    assert_eq!(ready.status(), 200);
+
+    let status = async |path: &str| {
+        client
+            .get(format!("{base}{path}"))
+            .send()
+            .await
+            .unwrap()
+            .status()
+            .as_u16()
+    };
+    let mut got = Vec::new();
+    for _ in 0..4 {
+        got.push(status("/r").await);
+    }
+    assert_eq!(got, [200, 200, 200, 429]);
+    assert_eq!(seen.hits(), 3);
+
+    // A new rule (so a fresh key) with room to spare, swapped in by rename.
+    let next = dir.path().join("next.yaml");
+    std::fs::write(
+        &next,
+        THREE
+            .replace("per-ip", "per-ip-2")
+            .replace("burst: 3", "burst: 50"),
+    )
+    .unwrap();
+    std::fs::rename(&next, &path).unwrap();
+    eventually("the reloaded policy", async || status("/r").await == 200).await;
+
+    let metrics = client
+        .get(format!("{admin}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(metrics.contains("sluice_decisions_total"), "{metrics}");
+    assert!(
+        metrics.contains("sluice_proxy_upstream_seconds"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("sluice_policy_reloads_total"), "{metrics}");
+
+    let kill = Command::new("kill")
+        .args(["-TERM", &bin.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let deadline = Instant::now() + PATIENCE;
+    let exit = loop {
+        if let Some(s) = bin.0.try_wait().unwrap() {
+            break s;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the proxy did not stop on SIGTERM"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    };
+    assert!(exit.success(), "{exit:?}");
+}
+
+#[test]
+fn the_binary_refuses_upstreams_that_are_not_plain_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, THREE).unwrap();
+    for bad in ["https://example.com", "example.com:80"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", bad])
+            .arg("--policy")
+            .arg(&path)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("http://"), "{bad}: {stderr}");
+    }
+}
