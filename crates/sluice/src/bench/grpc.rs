@@ -27,12 +27,13 @@ const UNAVAILABLE_PAUSE: Duration = Duration::from_millis(100);
 pub(super) struct GrpcArgs {
     #[command(flatten)]
     pub(super) load: LoadArgs,
-    /// The rate limit domain of every call.
-    #[arg(long, default_value = "sluice")]
+    /// The rate limit domain of every call (the bundled example policy's
+    /// Envoy rule is in `edge`).
+    #[arg(long, default_value = "edge")]
     domain: String,
     /// A descriptor entry, as `key=value`; `{key}` in the value is replaced
     /// by a key. Repeatable: the entries form one descriptor, in order.
-    /// Defaults to `user={key}`.
+    /// Defaults to `remote_address={key}`, what the example policy keys on.
     #[arg(long = "descriptor", value_name = "KEY=VALUE")]
     descriptors: Vec<String>,
     /// HTTP/2 connections the calls are spread over.
@@ -55,7 +56,7 @@ struct Plan {
 impl Plan {
     fn new(args: &GrpcArgs) -> anyhow::Result<Self> {
         let given: Vec<&str> = if args.descriptors.is_empty() {
-            vec!["user={key}"]
+            vec!["remote_address={key}"]
         } else {
             args.descriptors.iter().map(String::as_str).collect()
         };
