@@ -36,6 +36,11 @@ pub(super) struct BaselineArgs {
     /// printed on standard output once the server accepts connections.
     #[arg(long, default_value = "127.0.0.1:8090")]
     listen: SocketAddr,
+    /// Milliseconds each answer waits before it is sent, to stand for an
+    /// upstream that does real work (a proxy's overhead is measured against
+    /// the service it fronts, not against an empty one).
+    #[arg(long, default_value_t = 0.0, value_parser = super::non_negative_ms)]
+    delay_ms: f64,
 }
 
 /// Serves until the process is stopped (SIGTERM, SIGINT: nothing to clean
@@ -63,24 +68,35 @@ pub(super) fn run(args: &BaselineArgs) -> anyhow::Result<()> {
                 }
             };
             let builder = builder.clone();
+            let delay = Duration::from_secs_f64(args.delay_ms / 1e3);
             tokio::spawn(async move {
                 // A client going away mid-request is not the server's
                 // problem; there is nothing to report.
                 let _ = builder
-                    .serve_connection(TokioIo::new(stream), service_fn(answer))
+                    .serve_connection(
+                        TokioIo::new(stream),
+                        service_fn(move |req| answer(req, delay)),
+                    )
                     .await;
             });
         }
     })
 }
 
-/// Reads and discards the request body, then answers with [`ANSWER`].
-async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, Infallible> {
+/// Reads and discards the request body, waits `delay`, then answers with
+/// [`ANSWER`].
+async fn answer(
+    req: Request<Incoming>,
+    delay: Duration,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let mut body = req.into_body();
     while let Some(frame) = body.frame().await {
         if frame.is_err() {
             break;
         }
+    }
+    if !delay.is_zero() {
+        tokio::time::sleep(delay).await;
     }
     let mut res = Response::new(Full::new(Bytes::from_static(ANSWER.as_bytes())));
     res.headers_mut()

@@ -118,6 +118,16 @@ fn non_negative_secs(s: &str) -> Result<Secs, String> {
     parse_secs(s, true)
 }
 
+/// Milliseconds, finite and not negative, below a minute.
+fn non_negative_ms(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(ms) if ms.is_finite() && (0.0..60_000.0).contains(&ms) => Ok(ms),
+        _ => Err(format!(
+            "{s:?} is not a number of milliseconds from 0 to 60000"
+        )),
+    }
+}
+
 /// Where the load goes: a host (name or address) and a port.
 #[derive(Debug, Clone)]
 struct Target {
