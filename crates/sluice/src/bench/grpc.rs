@@ -238,16 +238,16 @@ mod tests {
     fn descriptors_become_one_descriptor_with_keys_substituted() {
         let p = plan(&["--descriptor", "tenant=acme", "--descriptor", "user={key}"]).unwrap();
         let req = p.request(&mut fastrand::Rng::with_seed(1));
-        assert_eq!(req.domain, "sluice");
+        assert_eq!(req.domain, "edge");
         assert_eq!(req.hits_addend, 1);
         let e = &req.descriptors[0].entries;
         assert_eq!((e[0].key.as_str(), e[0].value.as_str()), ("tenant", "acme"));
         assert!(e[1].value.starts_with("user:"), "{}", e[1].value);
         assert_eq!(
             p.describe(),
-            "ShouldRateLimit domain=sluice descriptor=[tenant=acme,user={key}]"
+            "ShouldRateLimit domain=edge descriptor=[tenant=acme,user={key}]"
         );
-        assert_eq!(plan(&[]).unwrap().entries[0].0, "user");
+        assert_eq!(plan(&[]).unwrap().entries[0].0, "remote_address");
         assert!(plan(&["--descriptor", "novalue"]).is_err());
         assert!(plan(&["--descriptor", "=v"]).is_err());
     }
