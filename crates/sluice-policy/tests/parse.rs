@@ -80,7 +80,10 @@ const FULL_JSON: &str = r#"{
      "algorithm_config": {"rate": 100, "period": "1h", "start": 0}},
     {"name": "login-shadow", "limit_keys": ["ip:address", "path"],
      "match": {"path": "/login", "method": "POST"}, "algorithm": "fixed_window",
-     "algorithm_config": {"rate": 5, "period": "1m"}, "mode": "shadow"}
+     "algorithm_config": {"rate": 5, "period": "1m"}, "mode": "shadow"},
+    {"name": "envoy-per-client", "domain": "edge",
+     "limit_keys": ["descriptor:remote_address"], "algorithm": "token_bucket",
+     "algorithm_config": {"rps": 100, "burst": 200}}
   ]
 }"#;
 
@@ -115,7 +118,8 @@ fn example_policy_file_parses() {
             "per-ip",
             "per-api-key",
             "exports-per-tenant",
-            "login-shadow"
+            "login-shadow",
+            "envoy-per-client"
         ]
     );
     let api = &p.rules()[1];
@@ -149,7 +153,7 @@ fn example_policy_file_parses() {
 fn json_policy_compiles_like_the_yaml_one() {
     let yaml = Policy::from_path(example_path()).unwrap();
     let json = Policy::from_str(FULL_JSON, "policy.json").unwrap();
-    assert_eq!(json.rules().len(), 4);
+    assert_eq!(json.rules().len(), 5);
     assert_eq!(summary(&json), summary(&yaml));
 }
 
