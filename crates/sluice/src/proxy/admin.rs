@@ -7,12 +7,11 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use axum::Router;
 use axum::extract::State;
-use axum::http::{HeaderValue, StatusCode, header};
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::routing::get;
-use sluice_http::{Enforcer, PROBLEM_JSON};
+use sluice_http::Enforcer;
 
-use crate::serve::{AnyStore, Metrics};
+use crate::serve::{AnyStore, Metrics, api};
 
 /// What the admin endpoints look at.
 pub(crate) struct Admin {
@@ -30,50 +29,9 @@ pub(crate) fn router(admin: Arc<Admin>) -> Router {
 }
 
 async fn metrics(State(s): State<Arc<Admin>>) -> Response {
-    let Some(m) = &s.metrics else {
-        return problem(StatusCode::NOT_FOUND, "metrics are not enabled".into());
-    };
-    if let Some(n) = s.enforcer.store().keys_held() {
-        ::metrics::gauge!("sluice_keys").set(n as f64);
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        m.render(),
-    )
-        .into_response()
+    api::metrics_page(s.metrics.as_ref(), s.enforcer.store())
 }
 
-/// Ready when the store answers and the policy in force is the file's.
 async fn readyz(State(s): State<Arc<Admin>>) -> Response {
-    if !s.enforcer.store().is_ready() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the store is not answering".into(),
-        );
-    }
-    if let Some(e) = s.reload_error.load_full() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the last policy reload failed, the previous policy serves: {e}"),
-        );
-    }
-    "ready\n".into_response()
-}
-
-fn problem(status: StatusCode, detail: String) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    (
-        status,
-        [(header::CONTENT_TYPE, PROBLEM_JSON)],
-        body.to_string(),
-    )
-        .into_response()
+    api::readiness(s.enforcer.store(), &s.reload_error)
 }

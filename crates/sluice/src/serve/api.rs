@@ -53,7 +53,7 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router 
 }
 
 /// A problem-details response.
-fn problem(status: StatusCode, detail: String) -> Response {
+pub(crate) fn problem(status: StatusCode, detail: String) -> Response {
     let body = serde_json::json!({
         "type": "about:blank",
         "title": status.canonical_reason().unwrap_or("Error"),
@@ -370,10 +370,19 @@ fn decided(v: &Verdict) -> Response {
 }
 
 async fn metrics<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
-    let Some(m) = &s.metrics else {
+    metrics_page(s.metrics.as_ref(), s.enforcer.store())
+}
+
+async fn readyz<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
+    readiness(s.enforcer.store(), &s.reload_error)
+}
+
+/// The Prometheus exposition, with the store's key count brought up to date.
+pub(crate) fn metrics_page<C: Clock>(metrics: Option<&Metrics>, store: &AnyStore<C>) -> Response {
+    let Some(m) = metrics else {
         return problem(StatusCode::NOT_FOUND, "metrics are not enabled".into());
     };
-    if let Some(n) = s.enforcer.store().keys_held() {
+    if let Some(n) = store.keys_held() {
         metrics::gauge!("sluice_keys").set(n as f64);
     }
     (
@@ -386,14 +395,18 @@ async fn metrics<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> R
         .into_response()
 }
 
-async fn readyz<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
-    if !s.enforcer.store().is_ready() {
+/// Ready when the store answers and the policy in force is the file's.
+pub(crate) fn readiness<C: Clock>(
+    store: &AnyStore<C>,
+    reload_error: &arc_swap::ArcSwapOption<String>,
+) -> Response {
+    if !store.is_ready() {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             "the store is not answering".into(),
         );
     }
-    if let Some(e) = s.reload_error.load_full() {
+    if let Some(e) = reload_error.load_full() {
         return problem(
             StatusCode::SERVICE_UNAVAILABLE,
             format!("the last policy reload failed, the previous policy serves: {e}"),

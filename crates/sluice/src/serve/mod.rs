@@ -2,7 +2,7 @@
 //! policy reloaded when its file changes or on SIGHUP, and a graceful stop
 //! on SIGTERM or Ctrl-C.
 
-mod api;
+pub(crate) mod api;
 mod metrics;
 mod rls;
 mod store;
