@@ -4,22 +4,16 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+mod support;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
+use support::{Process as Server, free_port};
+
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
-
-/// A child process, killed when the test ends however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Starts `sluice bench baseline` on a free port and returns it with the
 /// address it printed.
@@ -36,14 +30,6 @@ fn baseline() -> (Server, SocketAddr) {
     BufReader::new(stdout).read_line(&mut line).unwrap();
     let addr = line.trim().parse().unwrap_or_else(|_| panic!("{line:?}"));
     (server, addr)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 /// Starts `sluice serve` with `policy` on free ports and waits until the

@@ -5,15 +5,19 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+mod support;
+
 use std::collections::HashSet;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
+
+use support::{Process as Binary, eventually, free_port};
 
 use axum::Router;
 use axum::body::Body;
@@ -763,33 +767,6 @@ async fn stopping_lets_requests_in_flight_finish() {
 // ---------------------------------------------------------------------------
 // The binary
 
-/// The `sluice` binary, killed if a test fails before stopping it.
-struct Binary(Child);
-
-impl Drop for Binary {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-/// Polls `check` until it holds, failing after [`PATIENCE`].
-async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + PATIENCE;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 #[cfg(unix)]
 #[tokio::test]
 async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
@@ -811,7 +788,7 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
             .spawn()
             .unwrap(),
     );
-    eventually("the proxy port to accept", async || {
+    eventually(PATIENCE, "the proxy port to accept", async || {
         TcpStream::connect(("127.0.0.1", port)).await.is_ok()
     })
     .await;
@@ -847,7 +824,10 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
     )
     .unwrap();
     std::fs::rename(&next, &path).unwrap();
-    eventually("the reloaded policy", async || status("/r").await == 200).await;
+    eventually(PATIENCE, "the reloaded policy", async || {
+        status("/r").await == 200
+    })
+    .await;
 
     let metrics = client
         .get(format!("{admin}/metrics"))

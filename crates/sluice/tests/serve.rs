@@ -3,7 +3,9 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -13,6 +15,7 @@ use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use support::{Process as Server, eventually, free_port};
 use tower::ServiceExt;
 
 const POLICY: &str = r#"
@@ -215,24 +218,6 @@ async fn decide_answers_with_the_headers_the_middleware_would_set() {
     assert_eq!((st, &j["rule"]), (200, &serde_json::Value::Null));
 }
 
-/// The `sluice` binary, stopped when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 /// Starts `sluice serve` on free ports and waits until it is ready; returns
 /// the process, the HTTP base URL and the gRPC address.
 async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
@@ -256,15 +241,6 @@ async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
     })
     .await;
     (server, base, format!("127.0.0.1:{grpc}"))
-}
-
-/// Polls `check` until it holds, failing after `within`.
-async fn eventually(within: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + within;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
 }
 
 #[tokio::test]

@@ -1,0 +1,36 @@
+//! What the binary's tests share: a child process that cannot outlive its
+//! test, free ports, and polling with a deadline instead of sleeping.
+
+// Each test crate uses its own subset.
+#![allow(dead_code, clippy::unwrap_used, clippy::panic)]
+
+use std::process::Child;
+use std::time::{Duration, Instant};
+
+/// A child process, killed and reaped when dropped, however the test ends.
+pub(crate) struct Process(pub(crate) Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub(crate) fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// Polls `check` until it holds, failing the test after `within`.
+pub(crate) async fn eventually(within: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + within;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
