@@ -844,23 +844,7 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
     );
     assert!(metrics.contains("sluice_policy_reloads_total"), "{metrics}");
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &bin.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let deadline = Instant::now() + PATIENCE;
-    let exit = loop {
-        if let Some(s) = bin.0.try_wait().unwrap() {
-            break s;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the proxy did not stop on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
-    assert!(exit.success(), "{exit:?}");
+    bin.terminate(PATIENCE).await;
 }
 
 #[test]

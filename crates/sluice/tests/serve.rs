@@ -7,7 +7,7 @@ mod support;
 
 use std::process::{Command, Stdio};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use axum::body::Body;
 use http_body_util::BodyExt;
@@ -439,18 +439,6 @@ async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stop
     .await;
 
     // SIGTERM: a graceful stop, with a clean exit.
-    signal(&server, "TERM");
     let mut server = server;
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let status = loop {
-        if let Some(status) = server.0.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "sluice serve did not stop on SIGTERM"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    };
-    assert!(status.success(), "{status:?}");
+    server.terminate(Duration::from_secs(10)).await;
 }

@@ -17,6 +17,27 @@ impl Drop for Process {
     }
 }
 
+impl Process {
+    /// Sends SIGTERM and waits, up to `within`, for a clean exit.
+    #[cfg(unix)]
+    pub(crate) async fn terminate(&mut self, within: Duration) {
+        let sent = std::process::Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(sent.success());
+        let deadline = Instant::now() + within;
+        let status = loop {
+            if let Some(status) = self.0.try_wait().unwrap() {
+                break status;
+            }
+            assert!(Instant::now() < deadline, "the process ignored SIGTERM");
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        };
+        assert!(status.success(), "{status:?}");
+    }
+}
+
 /// A loopback port that was free a moment ago.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
