@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use support::{Process as Binary, eventually, free_port};
+use support::{Process as Binary, eventually, free_port, get_text};
 
 use axum::Router;
 use axum::body::Body;
@@ -829,14 +829,7 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
     })
     .await;
 
-    let metrics = client
-        .get(format!("{admin}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, &format!("{admin}/metrics")).await;
     assert!(metrics.contains("sluice_decisions_total"), "{metrics}");
     assert!(
         metrics.contains("sluice_proxy_upstream_seconds"),

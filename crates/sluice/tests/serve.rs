@@ -15,7 +15,7 @@ use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
-use support::{Process as Server, eventually, free_port};
+use support::{Process as Server, eventually, free_port, get_text};
 use tower::ServiceExt;
 
 const POLICY: &str = r#"
@@ -311,14 +311,7 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["limit"], 50);
 
-    let metrics = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = get_text(&client, &format!("{base}/metrics")).await;
     assert!(
         metrics.contains("sluice_policy_reloads_total{result=\"error\"} 1"),
         "{metrics}"
@@ -373,16 +366,8 @@ async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stop
 
     let (server, base, grpc) = spawn_serve(&mount.join("policy.yaml")).await;
     let client = reqwest::Client::new();
-    let metrics = || async {
-        client
-            .get(format!("{base}/metrics"))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap()
-    };
+    let metrics_url = format!("{base}/metrics");
+    let metrics = || get_text(&client, &metrics_url);
     let reloads = async || {
         metric(
             &metrics().await,

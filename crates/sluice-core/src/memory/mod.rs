@@ -523,9 +523,9 @@ impl<C: Clock> MemoryStore<C> {
         }
 
         let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
-        // What each op's key held before this transaction, in case it is
-        // denied and has to report that nothing was spent.
-        let mut before: SmallVec<[(Option<State>, i64); 4]> = SmallVec::new();
+        // Where each op's key lives, in case the transaction is denied and
+        // must report that nothing was spent.
+        let mut chosen: SmallVec<[(Slot, i64); 4]> = SmallVec::new();
         let mut decisions = SmallVec::new();
         for (op, &(fa, fb)) in ops.iter().zip(&cands) {
             let alg = *op.limit.shard_algorithm();
@@ -560,13 +560,16 @@ impl<C: Clock> MemoryStore<C> {
             if let Some(next) = ev.next {
                 pending.push((slot, next));
             }
-            before.push((guards[slot.guard].tables[slot.table].get(slot.fp), offset));
+            chosen.push((slot, offset));
             decisions.push(ev.decision);
         }
         let mut outcome = Outcome::from_decisions(decisions);
         if !outcome.allowed {
-            for ((d, op), &(st, offset)) in outcome.decisions.iter_mut().zip(ops).zip(&before) {
+            // Nothing was committed, so the tables still hold what each key
+            // had before the transaction.
+            for ((d, op), &(slot, offset)) in outcome.decisions.iter_mut().zip(ops).zip(&chosen) {
                 if d.allowed {
+                    let st = guards[slot.guard].tables[slot.table].get(slot.fp);
                     *d = algorithm::unspent(op.limit.shard_algorithm(), st, offset, now, *d);
                 }
             }

@@ -3,10 +3,13 @@
 //! domain, all of them as one transaction, so a descriptor that is over its
 //! limit never spends another descriptor's quota.
 
+use std::borrow::Cow;
+use std::net::IpAddr;
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -88,8 +91,11 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
         }
         let enforcer = &self.state.enforcer;
         let policy = enforcer.policy();
-        let parts: Vec<sluice_policy::RequestParts> =
-            req.descriptors.iter().map(descriptor_parts).collect();
+        let parts: Vec<Descriptor<'_>> = req
+            .descriptors
+            .iter()
+            .map(|d| Descriptor(&d.entries))
+            .collect();
         // Every rule each descriptor matches, with the descriptor it belongs to.
         let mut hits: Vec<RuleHit<'_>> = Vec::new();
         let mut owner: Vec<usize> = Vec::new();
@@ -106,14 +112,36 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
     }
 }
 
-/// A descriptor as a request whose only parts are its entries. A key that
-/// appears twice keeps its first value, as the policy reads the first.
-fn descriptor_parts(d: &RateLimitDescriptor) -> sluice_policy::RequestParts {
-    d.entries
-        .iter()
-        .fold(sluice_policy::RequestParts::default(), |p, e| {
-            p.with_descriptor(e.key.as_str(), e.value.as_str())
-        })
+/// A descriptor as rules see it: a request whose only parts are its
+/// entries, read in place. A key that appears twice answers with its first
+/// value.
+struct Descriptor<'a>(&'a [Entry]);
+
+impl sluice_policy::Request for Descriptor<'_> {
+    fn ip(&self) -> Option<IpAddr> {
+        None
+    }
+    fn method(&self) -> &str {
+        ""
+    }
+    fn path(&self) -> &str {
+        ""
+    }
+    fn host(&self) -> Option<&str> {
+        None
+    }
+    fn header(&self, _: &str) -> Option<&str> {
+        None
+    }
+    fn query(&self, _: &str) -> Option<Cow<'_, str>> {
+        None
+    }
+    fn descriptor(&self, key: &str) -> Option<&str> {
+        self.0
+            .iter()
+            .find(|e| e.key == key)
+            .map(|e| e.value.as_str())
+    }
 }
 
 /// The cost of one descriptor: its own `hits_addend` when set, else the

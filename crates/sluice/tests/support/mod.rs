@@ -55,3 +55,8 @@ pub(crate) async fn eventually(within: Duration, what: &str, mut check: impl Asy
         tokio::time::sleep(Duration::from_millis(25)).await;
     }
 }
+
+/// The body of a GET, as text; the request must succeed.
+pub(crate) async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    client.get(url).send().await.unwrap().text().await.unwrap()
+}
