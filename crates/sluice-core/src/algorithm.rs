@@ -72,6 +72,7 @@ pub fn evaluate(
 }
 
 /// Whether a deficit of `deficit` tokens may be reserved.
+#[inline]
 fn may_reserve(reserve: bool, deficit: f64, max_reserved: Option<f64>) -> bool {
     reserve && max_reserved.is_none_or(|m| deficit <= m)
 }
@@ -85,6 +86,7 @@ fn remaining(tokens: f64) -> u64 {
 
 /// Seconds elapsed from `from` to `to`, never negative: a clock that steps
 /// backwards refills nothing.
+#[inline]
 fn elapsed(from: Nanos, to: Nanos) -> i64 {
     to.0.saturating_sub(from.0).max(0)
 }
@@ -139,12 +141,14 @@ fn token_bucket(
 
 /// The start of the window containing `now`, for windows at
 /// `offset + k·period`.
+#[inline]
 fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
     let k = (i128::from(now.0) - i128::from(offset)).div_euclid(i128::from(period));
     let start = i128::from(offset) + k * i128::from(period);
     Nanos(i64::try_from(start).unwrap_or(now.0))
 }
 
+#[inline]
 fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> State {
     let period = fw.period().0;
     match state {
@@ -164,6 +168,7 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
 
 /// Seconds from `now` until the start of the window that is `windows`
 /// windows after the one starting at `ts`.
+#[inline]
 fn until_window(fw: &FixedWindow, ts: Nanos, now: Nanos, windows: f64) -> f64 {
     ((ts.0 - now.0) as f64 + windows * fw.period().0 as f64) / NS
 }
@@ -241,6 +246,7 @@ pub fn unspent(
 /// let v = current(&tb, Some(State { tokens: 1.0, ts: Nanos(0) }), 0, Nanos(1_000_000_000));
 /// assert_eq!(v.tokens, 3.0);
 /// ```
+#[inline]
 pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> Value {
     let s = match alg {
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
@@ -264,6 +270,7 @@ pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -
 /// let s = State { tokens: 9.0, ts: Nanos(0) };
 /// assert_eq!(full_at(&tb, &s), Nanos(500_000_000));
 /// ```
+#[inline]
 pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     let missing = alg.capacity() - state.tokens;
     if missing <= 0.0 {
@@ -287,6 +294,7 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
 /// let fw = Algorithm::from(FixedWindow::new(5.0, Nanos(60_000_000_000)).unwrap());
 /// assert!((0..60_000_000_000).contains(&key_offset(&fw, "k")));
 /// ```
+#[inline]
 pub fn key_offset(alg: &Algorithm, key: &str) -> i64 {
     match alg {
         Algorithm::FixedWindow(fw) if fw.start().is_none() => {

@@ -116,16 +116,19 @@ impl TokenBucket {
     }
 
     /// Tokens added per second.
+    #[inline]
     pub fn rate(&self) -> f64 {
         self.tokens / self.period.as_secs_f64()
     }
 
     /// Tokens added per [`TokenBucket::period`]: the rate as configured.
+    #[inline]
     pub fn tokens_per_period(&self) -> f64 {
         self.tokens
     }
 
     /// The period the rate is expressed over (one second unless given).
+    #[inline]
     pub fn period(&self) -> Nanos {
         self.period
     }
@@ -144,11 +147,13 @@ impl TokenBucket {
     }
 
     /// The bucket's capacity.
+    #[inline]
     pub fn burst(&self) -> f64 {
         self.burst
     }
 
     /// How far below zero a reservation may take the bucket; `None` is unlimited.
+    #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         self.max_reserved
     }
@@ -218,16 +223,19 @@ impl FixedWindow {
     }
 
     /// Tokens added at the start of each window.
+    #[inline]
     pub fn rate(&self) -> f64 {
         self.rate
     }
 
     /// The window length.
+    #[inline]
     pub fn period(&self) -> Nanos {
         self.period
     }
 
     /// The most tokens a key can hold.
+    #[inline]
     pub fn capacity(&self) -> f64 {
         self.capacity
     }
@@ -238,6 +246,7 @@ impl FixedWindow {
     }
 
     /// How far below zero a reservation may go; `None` is unlimited.
+    #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         self.max_reserved
     }
@@ -272,6 +281,7 @@ impl From<FixedWindow> for Algorithm {
 
 impl Algorithm {
     /// The most tokens a key can hold: the burst or the window capacity.
+    #[inline]
     pub fn capacity(&self) -> f64 {
         match self {
             Algorithm::TokenBucket(tb) => tb.burst,
@@ -280,6 +290,7 @@ impl Algorithm {
     }
 
     /// How far below zero a reservation may go; `None` is unlimited.
+    #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         match self {
             Algorithm::TokenBucket(tb) => tb.max_reserved,
@@ -296,6 +307,7 @@ impl Algorithm {
     /// assert_eq!(a.max_cost(false), 5.0);
     /// assert_eq!(a.max_cost(true), 7.0);
     /// ```
+    #[inline]
     pub fn max_cost(&self, reserve: bool) -> f64 {
         if reserve {
             self.capacity() + self.max_reserved().unwrap_or(f64::INFINITY)
@@ -385,32 +397,38 @@ impl Limit {
     }
 
     /// Whether two handles are clones of one limit (and so configured alike).
+    #[inline]
     pub(crate) fn same(&self, other: &Limit) -> bool {
         Arc::ptr_eq(&self.inner, &other.inner)
     }
 
     /// A hash of the name, equal for every handle of the same name.
+    #[inline]
     pub(crate) fn name_tag(&self) -> u64 {
         self.inner.name_tag
     }
 
     /// The limit's name, which namespaces its keys in a store.
+    #[inline]
     pub fn name(&self) -> &str {
         &self.inner.name
     }
 
     /// The configured algorithm, before any sharding.
+    #[inline]
     pub fn algorithm(&self) -> &Algorithm {
         &self.inner.algorithm
     }
 
     /// The number of shards each key is split into.
+    #[inline]
     pub fn shards(&self) -> u32 {
         self.inner.shards
     }
 
     /// The algorithm each shard runs: [`Limit::algorithm`] divided by the
     /// number of shards.
+    #[inline]
     pub fn shard_algorithm(&self) -> &Algorithm {
         &self.inner.shard_algorithm
     }

@@ -102,6 +102,7 @@ pub struct Op<'a> {
 
 impl<'a> Op<'a> {
     /// An operation with fresh random shard choices.
+    #[inline]
     pub fn new(limit: &'a Limit, key: &'a str, cost: f64) -> Op<'a> {
         let pick = if limit.shards() > 1 {
             fastrand::u64(..)
@@ -129,6 +130,7 @@ impl<'a> Op<'a> {
     /// let (a, b) = Op::new(&limit, "k", 1.0).with_pick(7).shards();
     /// assert!(a != b && a < 4 && b < 4);
     /// ```
+    #[inline]
     pub fn shards(&self) -> (u32, u32) {
         let n = u64::from(self.limit.shards());
         if n <= 1 {
@@ -150,6 +152,7 @@ impl<'a> Op<'a> {
     /// assert!(matches!(Op::new(&limit, "k", 6.0).validate(false), Err(CostError::Impossible { .. })));
     /// assert!(matches!(Op::new(&limit, "k", -1.0).validate(false), Err(CostError::Invalid(_))));
     /// ```
+    #[inline]
     pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
         if !(self.cost.is_finite() && self.cost >= 0.0) {
             return Err(CostError::Invalid(self.cost));

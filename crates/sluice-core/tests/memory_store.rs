@@ -40,6 +40,31 @@ fn full_buckets_are_dropped_and_nothing_is_lost() {
     assert!(!take(&store, &limit, "old-7"));
 }
 
+/// A sweep judges a table entry, which is stale while its key sits in a
+/// hot slot: dropping it must not lose the slot's newer state when the key
+/// goes back to the table.
+#[test]
+fn sweeping_a_hot_key_loses_nothing() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone());
+    let limit = Limit::new("l", TokenBucket::new(1.0, 2.0).unwrap());
+    // The first call leaves the key in its free hot slot, and the second is
+    // decided there: the table still holds the first state, which is full
+    // at 1 s, while the key's state is full at 2 s.
+    assert!(take(&store, &limit, "victim"));
+    clock.advance(Duration::from_millis(500));
+    assert!(take(&store, &limit, "victim"));
+    clock.advance(Duration::from_millis(700));
+    for i in 0..100_000 {
+        assert!(take(&store, &limit, &format!("flood-{i}")));
+    }
+    // Reading the value moves the key out of its slot and into the table.
+    let tokens = store.value_now(&limit, "victim").tokens;
+    assert!((tokens - 1.2).abs() < 1e-9, "{tokens} tokens");
+    assert!(take(&store, &limit, "victim"));
+    assert!(!take(&store, &limit, "victim"));
+}
+
 #[test]
 fn the_key_cap_holds_under_a_flood_of_unique_keys() {
     let clock = FakeClock::new(Nanos::ZERO);

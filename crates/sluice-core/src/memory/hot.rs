@@ -86,6 +86,7 @@ fn backoff(spins: &mut u32) {
 }
 
 impl Slot {
+    #[inline]
     fn state(&self) -> State {
         State {
             tokens: f64::from_bits(self.tokens.load(Ordering::Relaxed)),
@@ -94,6 +95,7 @@ impl Slot {
     }
 
     /// Takes the slot for writing and returns its even sequence number.
+    #[inline]
     fn claim(&self) -> u64 {
         let mut spins = 0;
         loop {
@@ -113,10 +115,12 @@ impl Slot {
         }
     }
 
+    #[inline]
     fn release(&self, seq: u64) {
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 
+    #[inline]
     fn store(&self, state: State, cap: f64) {
         self.tokens.store(state.tokens.to_bits(), Ordering::Relaxed);
         self.ts.store(state.ts.0, Ordering::Relaxed);
@@ -124,6 +128,7 @@ impl Slot {
     }
 
     /// Empties a claimed slot, returning what it held.
+    #[inline]
     fn evict(&self) -> Option<Held> {
         let tag = self.tag.load(Ordering::Relaxed);
         if tag == 0 {
@@ -142,6 +147,7 @@ impl Slot {
 }
 
 impl Hot {
+    #[inline]
     fn slot(&self, tag: u64) -> &Slot {
         // Bits the lock index and the table placement don't use.
         &self.slots[(tag >> 16) as usize % SLOTS]
@@ -153,6 +159,7 @@ impl Hot {
     /// Returns `None` when no slot holds `tag`; the caller then takes the
     /// shard lock. `eval` may run more than once, if another thread commits
     /// first.
+    #[inline]
     pub(super) fn decide(
         &self,
         tag: u64,
@@ -243,6 +250,7 @@ impl Hot {
     }
 
     /// Whether the slot `tag` would go in holds no key.
+    #[inline]
     pub(super) fn vacant(&self, tag: u64) -> bool {
         self.slot(tag).tag.load(Ordering::Relaxed) == 0
     }

@@ -26,10 +26,17 @@ mod slots;
 use hot::{Held, Hot};
 use slots::{Entry, Probe, Slots, nonzero};
 
-/// Entries a shard may hold before its first sweep for full buckets.
-const MIN_SWEEP: usize = 1024;
+/// Entries a table holds before inserts start sweeping it for full buckets:
+/// a small table costs little, and leaving it alone keeps `len` exact.
+const SWEEP_FROM: usize = 256;
+
+/// Slots an insert sweeps. At two, a pass over the table takes half as many
+/// inserts as the table has slots, so when every key is short-lived the
+/// table stays at most half full and never grows.
+const SWEEP_STEP: usize = 4;
 
 impl Entry {
+    #[inline]
     fn new(fp: u64, s: State) -> Entry {
         Entry {
             fp,
@@ -38,6 +45,7 @@ impl Entry {
         }
     }
 
+    #[inline]
     fn state(&self) -> State {
         State {
             tokens: self.tokens,
@@ -55,6 +63,7 @@ struct Table {
 }
 
 impl Table {
+    #[inline]
     fn alg(&self) -> Algorithm {
         *self.limit.shard_algorithm()
     }
@@ -105,7 +114,6 @@ impl Table {
 struct Shard {
     tables: Vec<Table>,
     len: usize,
-    next_sweep: usize,
 }
 
 impl Shard {
@@ -138,13 +146,33 @@ impl Shard {
         self.len = self.len.saturating_add_signed(delta);
     }
 
-    /// Whether [`Shard::maintain`] has work to do.
-    fn due(&self, cap: usize) -> bool {
-        self.len >= self.next_sweep.max(MIN_SWEEP) || self.len > cap
+    /// Counts a write to table `t`; after an insert into a large table, also
+    /// sweeps a few of its slots for buckets that are full by `now`.
+    ///
+    /// The sweep may drop the entry of a key that sits in a hot slot, which
+    /// is lossless: a slot that changed the state writes it back when it
+    /// lets the key go, and one that did not holds the same full state.
+    fn settle(&mut self, t: usize, delta: isize, now: Nanos) {
+        self.apply(delta);
+        let Some(table) = self.tables.get_mut(t) else {
+            return;
+        };
+        if delta > 0 && table.entries.len() >= SWEEP_FROM {
+            let alg = table.alg();
+            let removed = table
+                .entries
+                .sweep(SWEEP_STEP, |e| algorithm::full_at(&alg, &e.state()) <= now);
+            self.apply(-isize::try_from(removed).unwrap_or(isize::MAX));
+        }
     }
 
-    /// Drops full buckets every time the shard doubles, and enforces the key
-    /// cap by dropping the buckets nearest to full: they hold the least.
+    /// Whether [`Shard::maintain`] has work to do.
+    fn due(&self, cap: usize) -> bool {
+        self.len > cap
+    }
+
+    /// Enforces the key cap: drops the full buckets, then, if that is not
+    /// enough, the buckets nearest to full, which hold the least.
     fn maintain(&mut self, now: Nanos, cap: usize) {
         for t in &mut self.tables {
             let alg = t.alg();
@@ -155,7 +183,6 @@ impl Shard {
         if self.len > cap {
             self.evict_nearest_full(cap - cap / 8);
         }
-        self.next_sweep = (self.len * 2).max(MIN_SWEEP);
     }
 
     /// Puts a key that left its hot slot back into its table.
@@ -247,6 +274,7 @@ impl Lane {
 }
 
 /// The hot-slot tag of a key: its fingerprint mixed with its limit's name.
+#[inline]
 fn hint_tag(fp: u64, limit: &Limit) -> u64 {
     nonzero(fp ^ limit.name_tag())
 }
@@ -297,7 +325,7 @@ impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`, with no key cap.
     pub fn with_clock(clock: C) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let n = (cores * 8).next_power_of_two().max(16);
+        let n = (cores * 32).next_power_of_two().max(64);
         MemoryStore {
             clock,
             hasher: RandomState::new(),
@@ -367,6 +395,7 @@ impl<C: Clock> MemoryStore<C> {
         self.len() == 0
     }
 
+    #[inline]
     fn fingerprint(&self, key: &str, shard: u32) -> u64 {
         let h = self.hasher.hash_one(key);
         nonzero(if shard == 0 {
@@ -377,6 +406,7 @@ impl<C: Clock> MemoryStore<C> {
         })
     }
 
+    #[inline]
     fn lock_index(&self, fp: u64) -> usize {
         // Middle bits: a table places entries by its low bits, which should
         // stay well spread within a shard.
@@ -458,7 +488,7 @@ impl<C: Clock> MemoryStore<C> {
         let heat = match (ev.next, state) {
             (Some(next), _) if mode.consume => {
                 let delta = table.put_at(probe, fp, next);
-                shard.apply(delta);
+                shard.settle(t, delta, now);
                 // A free slot costs nothing to take, and a contended lock
                 // means other threads decide in this shard right now, quite
                 // likely on this very key.
@@ -577,9 +607,8 @@ impl<C: Clock> MemoryStore<C> {
         if outcome.allowed && mode.consume {
             for (slot, st) in pending {
                 let shard = &mut *guards[slot.guard];
-                let table = &mut shard.tables[slot.table];
-                let delta = table.put(slot.fp, st);
-                shard.apply(delta);
+                let delta = shard.tables[slot.table].put(slot.fp, st);
+                shard.settle(slot.table, delta, now);
             }
             for (g, &i) in guards.iter_mut().zip(&locks) {
                 self.shards[i].0.maintain(g, now, self.shard_cap);

@@ -5,6 +5,8 @@
 //! keys that is one memory miss per decision instead of the two a SwissTable
 //! takes. Deletion shifts the probe run back, so there are no tombstones.
 
+use smallvec::SmallVec;
+
 /// One key's state. A fingerprint of 0 marks an empty slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Entry {
@@ -15,6 +17,7 @@ pub(super) struct Entry {
 
 /// Fingerprints are never 0, which marks an empty slot; folding 0 into 1
 /// merges two fingerprints out of 2⁶⁴.
+#[inline]
 pub(super) fn nonzero(fp: u64) -> u64 {
     fp.max(1)
 }
@@ -23,6 +26,8 @@ pub(super) fn nonzero(fp: u64) -> u64 {
 pub(super) struct Slots {
     slots: Vec<Entry>,
     len: usize,
+    /// Where [`Slots::sweep`] resumes.
+    cursor: usize,
 }
 
 /// Where a fingerprint is, if it is present.
@@ -33,14 +38,17 @@ pub(super) enum Probe {
 }
 
 impl Slots {
+    #[inline]
     pub(super) fn len(&self) -> usize {
         self.len
     }
 
+    #[inline]
     fn mask(&self) -> usize {
         self.slots.len().wrapping_sub(1)
     }
 
+    #[inline]
     pub(super) fn find(&self, fp: u64) -> Probe {
         if self.slots.is_empty() {
             return Probe::Vacant;
@@ -57,6 +65,7 @@ impl Slots {
         }
     }
 
+    #[inline]
     pub(super) fn get(&self, fp: u64) -> Option<&Entry> {
         match self.find(fp) {
             Probe::Found(i) => self.slots.get(i),
@@ -64,6 +73,7 @@ impl Slots {
         }
     }
 
+    #[inline]
     pub(super) fn at_mut(&mut self, i: usize) -> &mut Entry {
         &mut self.slots[i]
     }
@@ -118,6 +128,53 @@ impl Slots {
         }
     }
 
+    /// Examines at least the next `budget` slots after the last sweep's,
+    /// removing the entries `drop` accepts, and returns how many it removed.
+    /// A sweep a few slots at a time, instead of the whole table at once,
+    /// keeps every caller's wait under the shard lock short. Once a pass over
+    /// the whole table finds it sparse, it gives memory back by half.
+    pub(super) fn sweep(&mut self, budget: usize, mut drop: impl FnMut(&Entry) -> bool) -> usize {
+        let mut removed = 0;
+        let mut examined = 0;
+        while examined < budget.min(self.slots.len()) {
+            let mask = self.mask();
+            let i = self.cursor;
+            let mut next = (i + 1) & mask;
+            examined += 1;
+            let e = self.slots[i];
+            if e.fp != 0 && drop(&e) {
+                // Removing entries one by one would shift the rest of the
+                // run back each time; instead take the run out from here,
+                // and put back what stays. Each entry then lands at or
+                // before where it was, so the run stays within its slots.
+                self.slots[i] = Entry::default();
+                self.len -= 1;
+                removed += 1;
+                let mut run: SmallVec<[Entry; 8]> = SmallVec::new();
+                while self.slots[next].fp != 0 {
+                    run.push(std::mem::take(&mut self.slots[next]));
+                    next = (next + 1) & mask;
+                }
+                examined += run.len();
+                for e in run {
+                    if drop(&e) {
+                        self.len -= 1;
+                        removed += 1;
+                    } else {
+                        self.place(e);
+                    }
+                }
+            }
+            let wrapped = next <= i;
+            self.cursor = next;
+            if wrapped && self.slots.len() > 16 && self.len * 8 < self.slots.len() {
+                self.resize(self.slots.len() / 2);
+                break;
+            }
+        }
+        removed
+    }
+
     pub(super) fn iter(&self) -> impl Iterator<Item = &Entry> {
         self.slots.iter().filter(|e| e.fp != 0)
     }
@@ -132,6 +189,7 @@ impl Slots {
             cap /= 2;
         }
         self.slots = vec![Entry::default(); cap];
+        self.cursor = 0;
         self.len = kept.len();
         for e in kept {
             self.place(e);
@@ -139,6 +197,7 @@ impl Slots {
     }
 
     fn resize(&mut self, cap: usize) {
+        self.cursor = 0;
         let old = std::mem::replace(&mut self.slots, vec![Entry::default(); cap]);
         for e in old.into_iter().filter(|e| e.fp != 0) {
             self.place(e);
@@ -159,6 +218,7 @@ mod tests {
         Put(u64, f64),
         Remove(u64),
         Retain(u64),
+        Sweep(usize, u64),
     }
 
     fn step() -> impl Strategy<Value = Step> {
@@ -173,6 +233,7 @@ mod tests {
             4 => (fp.clone(), any::<f64>()).prop_map(|(f, t)| Step::Put(f, t)),
             2 => fp.prop_map(Step::Remove),
             1 => (1u64..5).prop_map(Step::Retain),
+            2 => (0usize..40, 1u64..5).prop_map(|(n, m)| Step::Sweep(n, m)),
         ]
     }
 
@@ -201,6 +262,20 @@ mod tests {
                         slots.retain(|e| e.fp % m != 0);
                         model.retain(|fp, _| fp % m != 0);
                     }
+                    Step::Sweep(budget, m) => {
+                        let mut dropped = Vec::new();
+                        let n = slots.sweep(budget, |e| {
+                            let hit = e.fp % m == 0;
+                            if hit {
+                                dropped.push(e.fp);
+                            }
+                            hit
+                        });
+                        prop_assert_eq!(n, dropped.len());
+                        for fp in dropped {
+                            prop_assert!(model.remove(&fp).is_some());
+                        }
+                    }
                 }
                 prop_assert_eq!(slots.len(), model.len());
                 prop_assert_eq!(slots.iter().count(), model.len());
@@ -210,6 +285,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn sweeps_cover_the_whole_table_and_give_memory_back() {
+        let mut slots = Slots::default();
+        for fp in 1..=1000u64 {
+            slots.insert_new(Entry {
+                fp,
+                tokens: 0.0,
+                ts: 0,
+            });
+        }
+        let cap = slots.slots.len();
+        // One pass, a few slots at a time, finds every odd fingerprint.
+        let mut removed = 0;
+        for _ in 0..cap / 3 + 1 {
+            removed += slots.sweep(3, |e| e.fp % 2 == 1);
+        }
+        assert_eq!(removed, 500);
+        assert!((1..=1000u64).all(|fp| matches!(slots.find(fp), Probe::Found(_)) == (fp % 2 == 0)));
+        assert_eq!(slots.slots.len(), cap, "half full is not sparse");
+        // Emptied, the table halves after each pass that finds it sparse.
+        for _ in 0..4 * cap {
+            slots.sweep(1, |_| true);
+        }
+        assert_eq!(slots.len(), 0);
+        assert!(slots.slots.len() <= cap / 2, "{} slots", slots.slots.len());
     }
 
     #[test]
