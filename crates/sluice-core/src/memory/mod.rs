@@ -26,13 +26,13 @@ mod slots;
 use hot::{Held, Hot};
 use slots::{Entry, Probe, Slots, nonzero};
 
-/// Entries a table holds before inserts start sweeping it for full buckets:
-/// a small table costs little, and leaving it alone keeps `len` exact.
+/// Entries a shard holds before inserts start sweeping for full buckets: a
+/// small shard costs little, and leaving it alone keeps `len` exact.
 const SWEEP_FROM: usize = 256;
 
-/// Slots an insert sweeps. At two, a pass over the table takes half as many
-/// inserts as the table has slots, so when every key is short-lived the
-/// table stays at most half full and never grows.
+/// Slots an insert sweeps. A pass over a table then takes a quarter as many
+/// inserts as it has slots, so when every key is short-lived a table stays
+/// about a quarter full and never grows.
 const SWEEP_STEP: usize = 4;
 
 impl Entry {
@@ -154,10 +154,10 @@ impl Shard {
     /// lets the key go, and one that did not holds the same full state.
     fn settle(&mut self, t: usize, delta: isize, now: Nanos) {
         self.apply(delta);
-        let Some(table) = self.tables.get_mut(t) else {
+        if delta <= 0 || self.len < SWEEP_FROM {
             return;
-        };
-        if delta > 0 && table.entries.len() >= SWEEP_FROM {
+        }
+        if let Some(table) = self.tables.get_mut(t) {
             let alg = table.alg();
             let removed = table
                 .entries
