@@ -195,6 +195,33 @@ async fn hop() -> Response {
         .into_response()
 }
 
+/// Switches to an echo protocol when asked to, as a WebSocket server
+/// switches to WebSocket: `101` with the protocol asked for, then every
+/// byte received is sent back. Without `Connection: upgrade` it refuses
+/// with 426, so a proxy that dropped the hop-by-hop request fails here.
+async fn switch(mut req: Request) -> Response {
+    let asks = req
+        .headers()
+        .get("connection")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
+    let Some(protocol) = req.headers().get("upgrade").cloned().filter(|_| asks) else {
+        return (http::StatusCode::UPGRADE_REQUIRED, "ask to upgrade").into_response();
+    };
+    let on = hyper::upgrade::on(&mut req);
+    tokio::spawn(async move {
+        let upgraded = TokioIo::new(on.await.unwrap());
+        let (mut rx, mut tx) = tokio::io::split(upgraded);
+        tokio::io::copy(&mut rx, &mut tx).await.unwrap();
+    });
+    Response::builder()
+        .status(http::StatusCode::SWITCHING_PROTOCOLS)
+        .header("connection", "upgrade")
+        .header("upgrade", protocol)
+        .body(Body::empty())
+        .unwrap()
+}
+
 async fn start_upstream() -> (SocketAddr, Arc<Seen>) {
     let seen = Arc::new(Seen::default());
     let app = Router::new()
@@ -203,6 +230,7 @@ async fn start_upstream() -> (SocketAddr, Arc<Seen>) {
         .route("/stream-out", get(stream_out))
         .route("/gate", get(gate))
         .route("/hop", get(hop))
+        .route("/switch", get(switch))
         .route("/slow", any(std::future::pending::<&'static str>))
         .fallback(echo)
         .layer(axum::middleware::from_fn_with_state(
@@ -309,6 +337,19 @@ impl Raw {
     /// One response with a `Content-Length` body: status, lower-cased
     /// headers, body.
     async fn response(&mut self) -> (u16, Vec<(String, String)>, Vec<u8>) {
+        let (status, headers) = self.head().await;
+        let len: usize = headers
+            .iter()
+            .find(|(n, _)| n == "content-length")
+            .map(|(_, v)| v.parse().unwrap())
+            .expect("a content-length");
+        let mut body = vec![0; len];
+        self.0.read_exact(&mut body).await.unwrap();
+        (status, headers, body)
+    }
+
+    /// A response's status line and lower-cased headers.
+    async fn head(&mut self) -> (u16, Vec<(String, String)>) {
         let mut line = String::new();
         self.0.read_line(&mut line).await.unwrap();
         let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
@@ -323,14 +364,7 @@ impl Raw {
             let (n, v) = l.split_once(':').unwrap();
             headers.push((n.to_ascii_lowercase(), v.trim().to_owned()));
         }
-        let len: usize = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .map(|(_, v)| v.parse().unwrap())
-            .expect("a content-length");
-        let mut body = vec![0; len];
-        self.0.read_exact(&mut body).await.unwrap();
-        (status, headers, body)
+        (status, headers)
     }
 }
 
@@ -652,6 +686,77 @@ async fn hop_by_hop_headers_are_stripped_both_ways_and_clients_are_kept_alive() 
     );
     assert_eq!(header(&res, "x-kept"), "yes");
     assert_eq!(res.text().await.unwrap(), "hop");
+}
+
+const SWITCH: &[u8] =
+    b"GET /switch HTTP/1.1\r\nHost: ws.example.test\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n";
+
+#[tokio::test]
+async fn protocol_upgrades_are_tunnelled_and_counted_as_one_request() {
+    let (p, seen) = pair(THREE).await;
+    let mut tunnels = Vec::new();
+    for remaining in [2, 1] {
+        let mut raw = Raw::connect(p.addr).await;
+        raw.send(SWITCH).await;
+        let (status, headers) = raw.head().await;
+        assert_eq!(status, 101, "{headers:?}");
+        let has = |name: &str, value: &str| {
+            headers
+                .iter()
+                .any(|(n, v)| n == name && v.eq_ignore_ascii_case(value))
+        };
+        assert!(has("upgrade", "echo"), "{headers:?}");
+        assert!(has("connection", "upgrade"), "{headers:?}");
+        assert!(
+            has("x-ratelimit-remaining", &remaining.to_string()),
+            "{headers:?}"
+        );
+        tunnels.push(raw);
+    }
+    // Both tunnels carry bytes both ways at once, and independently.
+    for (i, raw) in tunnels.iter_mut().enumerate() {
+        let msg = format!("frame {i} ").repeat(1000);
+        raw.send(msg.as_bytes()).await;
+        let mut back = vec![0; msg.len()];
+        tokio::time::timeout(PATIENCE, raw.0.read_exact(&mut back))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(back, msg.as_bytes());
+    }
+    assert_eq!(seen.hits(), 2);
+
+    // The third request spends the last token on a plain request; the
+    // fourth, an upgrade, is refused before it reaches the upstream.
+    assert_eq!(reqwest::get(p.url("/a")).await.unwrap().status(), 200);
+    let mut raw = Raw::connect(p.addr).await;
+    raw.send(SWITCH).await;
+    let (status, headers, _) = raw.response().await;
+    assert_eq!(status, 429, "{headers:?}");
+    assert_eq!(seen.hits(), 3);
+
+    // A tunnel ends when the client closes it.
+    let mut raw = tunnels.pop().unwrap();
+    raw.0.get_mut().shutdown().await.unwrap();
+    let mut rest = Vec::new();
+    let n = tokio::time::timeout(PATIENCE, raw.0.read_to_end(&mut rest))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0, "the upstream's side closed too");
+}
+
+#[tokio::test]
+async fn an_upgrade_the_upstream_refuses_is_an_ordinary_response() {
+    let (p, _) = pair(GENEROUS).await;
+    let mut raw = Raw::connect(p.addr).await;
+    // HTTP/1.0 cannot switch protocols, so nothing is asked of the upstream.
+    raw.send(b"GET /switch HTTP/1.0\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+        .await;
+    let (status, headers, body) = raw.response().await;
+    assert_eq!(status, 426, "{headers:?}");
+    assert_eq!(body, b"ask to upgrade");
+    assert!(headers.iter().all(|(n, _)| n != "upgrade"), "{headers:?}");
 }
 
 #[tokio::test]

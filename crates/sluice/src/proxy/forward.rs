@@ -20,9 +20,10 @@ use http::header::{
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
+use hyper::upgrade::OnUpgrade;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use sluice_core::Store;
 use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr};
 use tokio::sync::oneshot;
@@ -94,7 +95,13 @@ impl<S: Store + 'static> Forward<S> {
             );
         }
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
-        let (parts, body) = req.into_parts();
+        let (mut parts, body) = req.into_parts();
+        // A protocol switch (WebSocket) is asked for with hop-by-hop headers,
+        // so it is passed on explicitly; HTTP/2 has no such upgrade.
+        let upgrade = upgrade_requested(parts.version, &parts.headers);
+        let client_upgrade = upgrade
+            .as_ref()
+            .and_then(|_| parts.extensions.remove::<OnUpgrade>());
         let Ok(uri) = self.upstream.uri_for(&parts.uri) else {
             return problem(
                 StatusCode::BAD_REQUEST,
@@ -116,6 +123,10 @@ impl<S: Store + 'static> Forward<S> {
         }
         if let Some(h) = &host {
             headers.insert(HOST, h.clone());
+        }
+        if let Some(protocol) = upgrade {
+            headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
+            headers.insert(UPGRADE, protocol);
         }
         let trusted = peer.is_some_and(|p| self.enforcer.policy().trusted_proxies().contains(p));
         add_forwarded(&mut headers, peer, host.as_ref(), trusted);
@@ -144,6 +155,30 @@ impl<S: Store + 'static> Forward<S> {
         ::metrics::histogram!("sluice_proxy_upstream_seconds")
             .record(started.elapsed().as_secs_f64());
         match result {
+            Some(Ok(mut res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
+                let Some(client) = client_upgrade else {
+                    upstream_error_message(
+                        "protocol",
+                        "a 101 response to a request without Upgrade",
+                    );
+                    return problem(
+                        StatusCode::BAD_GATEWAY,
+                        "the upstream switched protocols unasked",
+                    );
+                };
+                let upstream = hyper::upgrade::on(&mut res);
+                let (mut parts, _) = res.into_parts();
+                let protocol = parts.headers.get(UPGRADE).cloned();
+                strip_hop_by_hop(&mut parts.headers);
+                parts
+                    .headers
+                    .insert(CONNECTION, HeaderValue::from_static("upgrade"));
+                if let Some(p) = protocol {
+                    parts.headers.insert(UPGRADE, p);
+                }
+                tokio::spawn(tunnel(client, upstream));
+                Response::from_parts(parts, Either::Right(Full::new(Bytes::new())))
+            }
             Some(Ok(res)) => {
                 let (mut parts, body) = res.into_parts();
                 strip_hop_by_hop(&mut parts.headers);
@@ -197,8 +232,45 @@ impl<S: Store + 'static> tower::Service<Request<Incoming>> for Forward<S> {
 }
 
 fn upstream_error(kind: &'static str, e: &hyper_util::client::legacy::Error) {
+    upstream_error_message(kind, &chain(e));
+}
+
+fn upstream_error_message(kind: &'static str, error: &str) {
     ::metrics::counter!("sluice_proxy_upstream_errors_total", "kind" => kind).increment(1);
-    tracing::warn!(error = %chain(e), "upstream request failed");
+    tracing::warn!(error, "upstream request failed");
+}
+
+/// The protocol an HTTP/1.1 request asks to switch to: it names `upgrade`
+/// in `Connection` and says which protocol in `Upgrade` (RFC 9110 §7.8).
+fn upgrade_requested(version: Version, headers: &HeaderMap) -> Option<HeaderValue> {
+    let asks = version == Version::HTTP_11
+        && headers
+            .get_all(CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .any(|t| t.trim().eq_ignore_ascii_case("upgrade"));
+    asks.then(|| headers.get(UPGRADE).cloned()).flatten()
+}
+
+/// Once both sides have switched protocols, copies bytes between them
+/// until either closes. The tunnel outlives the request, so it is counted
+/// while it is open.
+async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
+    let (client, upstream) = match tokio::try_join!(client, upstream) {
+        Ok(both) => both,
+        Err(e) => {
+            tracing::debug!(error = %e, "protocol switch failed");
+            return;
+        }
+    };
+    let open = ::metrics::gauge!("sluice_proxy_tunnels_open");
+    open.increment(1.0);
+    let (mut client, mut upstream) = (TokioIo::new(client), TokioIo::new(upstream));
+    if let Err(e) = tokio::io::copy_bidirectional(&mut client, &mut upstream).await {
+        tracing::debug!(error = %e, "tunnel closed with an error");
+    }
+    open.decrement(1.0);
 }
 
 /// An error and its causes on one line: the legacy client's own message is

@@ -19,8 +19,13 @@
 //! - `X-Forwarded-For` with the peer address appended;
 //! - no hop-by-hop headers: `Connection` and the headers it names,
 //!   `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade` and
-//!   `Proxy-*` are removed from requests and from responses. Protocol
-//!   upgrades (WebSocket) are therefore not proxied.
+//!   `Proxy-*` are removed from requests and from responses;
+//! - except a protocol switch: an HTTP/1.1 request with `Connection:
+//!   upgrade` keeps its `Upgrade` header, and if the upstream answers `101
+//!   Switching Protocols` the client gets that answer (with the rate limit
+//!   headers) and then a byte tunnel to the upstream, so WebSockets work.
+//!   The request that opens a tunnel is what the rules count; a tunnel stays
+//!   open until either side closes it or the proxy stops.
 //!
 //! When the upstream refuses connections or breaks off, the client gets a
 //! 502; when it takes longer than the timeout to start its response, a
@@ -254,7 +259,7 @@ pub async fn proxy<S: Store + 'static>(
             service.clone().oneshot(req)
         });
         let conn = builder
-            .serve_connection(TokioIo::new(stream), per_request)
+            .serve_connection_with_upgrades(TokioIo::new(stream), per_request)
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
