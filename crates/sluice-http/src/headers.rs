@@ -3,11 +3,13 @@
 //! `X-RateLimit-*` fields, `Retry-After` with per-client jitter, and the
 //! problem-details body of a refusal.
 
+use std::fmt::Write as _;
+
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
-use crate::engine::{Refusal, RuleDecision, Verdict};
+use crate::engine::{Refusal, Verdict};
 
 /// `RateLimit-Policy`: each rule's quota and window.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -112,47 +114,52 @@ pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
 /// assert!(h.get("retry-after").is_none());
 /// ```
 pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
-    let mut h = HeaderMap::new();
+    // Every request that a rule limits gets these, so they are written
+    // straight into their buffers: numbers through `HeaderValue::from`, the
+    // lists without a `String` per item.
+    let mut h = HeaderMap::with_capacity(8);
     if !v.rules.is_empty() {
-        let list = |item: &dyn Fn(&RuleDecision) -> String| {
-            v.rules.iter().map(item).collect::<Vec<_>>().join(", ")
-        };
-        let policy = list(&|r| {
-            format!(
-                "{};q={};w={}",
-                sf_string(&r.rule),
+        let mut policy = String::with_capacity(32 * v.rules.len());
+        let mut current = String::with_capacity(32 * v.rules.len());
+        for (i, r) in v.rules.iter().enumerate() {
+            if i > 0 {
+                policy.push_str(", ");
+                current.push_str(", ");
+            }
+            let name = sf_string(&r.rule);
+            // Writing to a String cannot fail.
+            let _ = write!(
+                policy,
+                "{name};q={};w={}",
                 whole(r.decision.limit),
                 whole_secs(r.window).max(1)
-            )
-        });
-        let current = list(&|r| {
-            format!(
-                "{};r={};t={}",
-                sf_string(&r.rule),
+            );
+            let _ = write!(
+                current,
+                "{name};r={};t={}",
                 r.decision.remaining,
                 whole_secs(r.decision.reset)
-            )
-        });
+            );
+        }
         insert(&mut h, RATELIMIT_POLICY, policy);
         insert(&mut h, RATELIMIT, current);
     }
     if let Some(d) = v.deciding() {
-        let limit = whole(d.decision.limit).to_string();
-        let remaining = d.decision.remaining.to_string();
-        insert(&mut h, RATELIMIT_LIMIT, limit.clone());
-        insert(&mut h, RATELIMIT_REMAINING, remaining.clone());
-        insert(
-            &mut h,
+        let limit = HeaderValue::from(whole(d.decision.limit));
+        let remaining = HeaderValue::from(d.decision.remaining);
+        h.insert(RATELIMIT_LIMIT, limit.clone());
+        h.insert(RATELIMIT_REMAINING, remaining.clone());
+        h.insert(
             RATELIMIT_RESET,
-            whole_secs(d.decision.reset).to_string(),
+            HeaderValue::from(whole_secs(d.decision.reset)),
         );
-        insert(&mut h, X_RATELIMIT_LIMIT, limit);
-        insert(&mut h, X_RATELIMIT_REMAINING, remaining);
+        h.insert(X_RATELIMIT_LIMIT, limit);
+        h.insert(X_RATELIMIT_REMAINING, remaining);
     }
     if !v.allowed
         && let Some(secs) = retry_after(v)
     {
-        insert(&mut h, RETRY_AFTER, secs.to_string());
+        h.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
     h
 }
