@@ -15,6 +15,10 @@ use sluice_core::{Limit, Mode, OnError, Op, Store, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStore};
 use support::{RedisServer, command};
 
+/// The tests here time answers against a deadline, so they run one at a
+/// time: on a small machine the others' load would be what they measure.
+static ALONE: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 fn store(server: &RedisServer) -> RedisStore {
     RedisStore::new(RedisConfig::from_url(&server.url()).unwrap()).unwrap()
 }
@@ -25,6 +29,7 @@ fn int_reply(reply: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_expire_when_full_again_and_always_have_a_ttl() {
+    let _alone = ALONE.lock().await;
     let server = RedisServer::start();
     let store = store(&server);
     // 2 tokens a second, burst 10: 4 taken refill in 2 s.
@@ -129,6 +134,7 @@ async fn load(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
+    let _alone = ALONE.lock().await;
     let mut server = RedisServer::start();
     let store = Arc::new(store(&server));
     let limit = Limit::new("fault", TokenBucket::new(1_000.0, 1_000.0).unwrap());
@@ -190,6 +196,7 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_starts_while_redis_is_down_and_becomes_ready() {
+    let _alone = ALONE.lock().await;
     let mut server = RedisServer::start();
     server.kill();
     let store = store(&server);
