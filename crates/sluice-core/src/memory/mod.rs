@@ -243,8 +243,9 @@ struct Lane {
 }
 
 impl Lane {
-    /// Runs [`Shard::maintain`] when it is due, on a table that holds every
-    /// key's latest state: the sweep judges entries by their states.
+    /// Runs [`Shard::maintain`] when the shard is over its cap, after moving
+    /// the hot keys back: eviction judges entries by their states, and must
+    /// see every key's latest.
     fn maintain(&self, shard: &mut Shard, now: Nanos, cap: usize) {
         if shard.due(cap) {
             self.flush(shard);
