@@ -3,8 +3,6 @@
 //! `X-RateLimit-*` fields, `Retry-After` with per-client jitter, and the
 //! problem-details body of a refusal.
 
-use std::fmt::Write as _;
-
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
@@ -46,11 +44,10 @@ fn whole(count: f64) -> u64 {
     }
 }
 
-/// A structured-field string: printable ASCII, with `"` and `\` escaped.
-/// Rule names are the operator's, but a header must stay well-formed
-/// whatever they contain, so anything else becomes `_`.
-fn sf_string(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
+/// Appends `s` as a structured-field string: printable ASCII, with `"` and
+/// `\` escaped. Rule names are the operator's, but a header must stay
+/// well-formed whatever they contain, so anything else becomes `_`.
+fn push_sf_string(out: &mut String, s: &str) {
     out.push('"');
     for c in s.chars() {
         match c {
@@ -63,7 +60,19 @@ fn sf_string(s: &str) -> String {
         }
     }
     out.push('"');
-    out
+}
+
+/// Appends `{name};{a}={x};{b}={y}`, one item of a `RateLimit-Policy` or
+/// `RateLimit` list.
+fn push_item(out: &mut String, name: &str, (a, x): (&str, u64), (b, y): (&str, u64)) {
+    let mut digits = itoa::Buffer::new();
+    push_sf_string(out, name);
+    for (key, n) in [(a, x), (b, y)] {
+        out.push(';');
+        out.push_str(key);
+        out.push('=');
+        out.push_str(digits.format(n));
+    }
 }
 
 /// `Retry-After` in whole seconds: the exact wait rounded up, plus a jitter
@@ -114,10 +123,40 @@ pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
 /// assert!(h.get("retry-after").is_none());
 /// ```
 pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
+    let mut h = HeaderMap::new();
+    set_rate_limit_headers(v, &mut h);
+    h
+}
+
+/// Sets the headers of [`rate_limit_headers`] on an existing map, such as a
+/// response's, replacing any of the same names.
+///
+/// ```
+/// use http::HeaderMap;
+/// use sluice_core::Decision;
+/// use sluice_http::{RuleDecision, Verdict, set_rate_limit_headers};
+/// let v = Verdict {
+///     rules: vec![RuleDecision {
+///         rule: "per-ip".into(),
+///         key: "9:192.0.2.1".into(),
+///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
+///         window: 1.0,
+///     }],
+///     deciding: Some(0),
+///     ..Verdict::default()
+/// };
+/// let mut h = HeaderMap::new();
+/// h.insert("ratelimit", "stale".parse().unwrap());
+/// h.insert("content-type", "text/plain".parse().unwrap());
+/// set_rate_limit_headers(&v, &mut h);
+/// assert_eq!(h["ratelimit"], r#""per-ip";r=7;t=1"#);
+/// assert_eq!(h["content-type"], "text/plain");
+/// ```
+pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
     // Every request that a rule limits gets these, so they are written
-    // straight into their buffers: numbers through `HeaderValue::from`, the
-    // lists without a `String` per item.
-    let mut h = HeaderMap::with_capacity(8);
+    // straight into the response's map: numbers through `HeaderValue::from`,
+    // the lists without a `String` per item.
+    h.reserve(8);
     if !v.rules.is_empty() {
         let mut policy = String::with_capacity(32 * v.rules.len());
         let mut current = String::with_capacity(32 * v.rules.len());
@@ -126,23 +165,21 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
                 policy.push_str(", ");
                 current.push_str(", ");
             }
-            let name = sf_string(&r.rule);
-            // Writing to a String cannot fail.
-            let _ = write!(
-                policy,
-                "{name};q={};w={}",
-                whole(r.decision.limit),
-                whole_secs(r.window).max(1)
+            push_item(
+                &mut policy,
+                &r.rule,
+                ("q", whole(r.decision.limit)),
+                ("w", whole_secs(r.window).max(1)),
             );
-            let _ = write!(
-                current,
-                "{name};r={};t={}",
-                r.decision.remaining,
-                whole_secs(r.decision.reset)
+            push_item(
+                &mut current,
+                &r.rule,
+                ("r", r.decision.remaining),
+                ("t", whole_secs(r.decision.reset)),
             );
         }
-        insert(&mut h, RATELIMIT_POLICY, policy);
-        insert(&mut h, RATELIMIT, current);
+        insert(h, RATELIMIT_POLICY, policy);
+        insert(h, RATELIMIT, current);
     }
     if let Some(d) = v.deciding() {
         let limit = HeaderValue::from(whole(d.decision.limit));
@@ -161,7 +198,6 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
     {
         h.insert(RETRY_AFTER, HeaderValue::from(secs));
     }
-    h
 }
 
 /// The `Retry-After` of a denial, if waiting can help.
@@ -181,7 +217,7 @@ fn retry_after(v: &Verdict) -> Option<u64> {
 
 fn insert(h: &mut HeaderMap, name: HeaderName, value: String) {
     // Every value built here is ASCII without control characters.
-    if let Ok(v) = HeaderValue::from_str(&value) {
+    if let Ok(v) = HeaderValue::try_from(value) {
         h.insert(name, v);
     }
 }

@@ -29,7 +29,7 @@ pub use engine::{Enforcer, Refusal, RuleDecision, Verdict};
 pub use headers::{
     PROBLEM_JSON, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY, RATELIMIT_REMAINING,
     RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial, grpc_denial,
-    rate_limit_headers, retry_after_secs,
+    rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
 pub use limit::{RateLimit, RateLimitLayer, ResponseFuture};
 pub use request::{HttpRequest, PeerAddr, Verified};

@@ -2,7 +2,8 @@
 //! several parts combine into one key, and how much a request costs.
 
 use std::borrow::Cow;
-use std::fmt::{self, Write as _};
+use std::fmt;
+use std::net::IpAddr;
 
 use crate::request::Request;
 
@@ -78,7 +79,7 @@ impl LimitKey {
     /// ```
     pub fn extract<'r, R: Request + ?Sized>(&self, req: &'r R) -> Option<Cow<'r, str>> {
         match self {
-            LimitKey::IpAddress => req.ip().map(|ip| Cow::Owned(ip.to_canonical().to_string())),
+            LimitKey::IpAddress => req.ip().map(|ip| Cow::Owned(ip_text(ip))),
             LimitKey::Header(n) => req.header(n).map(Cow::Borrowed),
             LimitKey::Query(n) => req.query(n),
             LimitKey::Path => Some(Cow::Borrowed(req.path())),
@@ -86,6 +87,26 @@ impl LimitKey {
             LimitKey::Jwt(n) => req.claim(n),
             LimitKey::Descriptor(n) => req.descriptor(n).map(Cow::Borrowed),
         }
+    }
+}
+
+/// An address as its key part: IPv4-mapped IPv6 addresses as IPv4, so that
+/// a dual-stack listener keys a client as an IPv4 one does. IPv4, the common
+/// case on every request, is written without the formatting machinery.
+fn ip_text(ip: IpAddr) -> String {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let mut out = String::with_capacity(15);
+            let mut digits = itoa::Buffer::new();
+            for (i, octet) in v4.octets().into_iter().enumerate() {
+                if i > 0 {
+                    out.push('.');
+                }
+                out.push_str(digits.format(octet));
+            }
+            out
+        }
+        v6 => v6.to_string(),
     }
 }
 
@@ -176,8 +197,9 @@ pub(crate) fn push_missing(key: &mut String) {
 }
 
 pub(crate) fn push_part(key: &mut String, part: &str) {
-    // Writing to a String cannot fail.
-    let _ = write!(key, "{}:{part}", part.len());
+    key.push_str(itoa::Buffer::new().format(part.len()));
+    key.push(':');
+    key.push_str(part);
 }
 
 /// Where a rule takes each request's cost from (`cost_source`).

@@ -323,7 +323,7 @@ impl Rule {
     /// assert_eq!(key.as_deref(), Some("3:GET2:/a"));
     /// ```
     pub fn key<R: Request + ?Sized>(&self, req: &R) -> Option<String> {
-        let mut key = String::new();
+        let mut key = String::with_capacity(24);
         for part in &self.keys {
             match part.extract(req) {
                 Some(v) => push_part(&mut key, &v),

@@ -11,7 +11,9 @@ use tower_service::Service;
 
 use super::ResponseFuture;
 use crate::engine::Enforcer;
-use crate::headers::{denial, grpc_denial_headers, is_grpc, rate_limit_headers, set_problem_type};
+use crate::headers::{
+    denial, grpc_denial_headers, is_grpc, set_problem_type, set_rate_limit_headers,
+};
 use crate::request::{HttpRequest, Verified, peer};
 
 /// A service whose requests pass a policy's rules first.
@@ -70,24 +72,23 @@ where
                 let view = HttpRequest::new(&req, peer(&req), &policy);
                 enforcer.check(&Verified::new(&view, &policy)).await
             };
-            let headers = rate_limit_headers(&verdict);
             if !verdict.allowed {
                 if is_grpc(req.headers()) {
                     let mut res = Response::new(Either::Right(Full::new(Bytes::new())));
-                    res.headers_mut().extend(headers);
+                    set_rate_limit_headers(&verdict, res.headers_mut());
                     grpc_denial_headers(&verdict, res.headers_mut());
                     return Ok(res);
                 }
                 let (status, body) = denial(&verdict);
                 let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
                 *res.status_mut() = status;
-                res.headers_mut().extend(headers);
+                set_rate_limit_headers(&verdict, res.headers_mut());
                 set_problem_type(res.headers_mut());
                 return Ok(res);
             }
             let res = inner.call(req).await?;
             let mut res = res.map(Either::Left);
-            res.headers_mut().extend(headers);
+            set_rate_limit_headers(&verdict, res.headers_mut());
             Ok(res)
         })
     }
