@@ -154,18 +154,25 @@ impl<'a> Op<'a> {
     /// ```
     #[inline]
     pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
-        if !(self.cost.is_finite() && self.cost >= 0.0) {
-            return Err(CostError::Invalid(self.cost));
-        }
         let max = self.limit.shard_algorithm().max_cost(reserve);
-        if self.cost > max {
-            return Err(CostError::Impossible {
+        // One test for the common case; NaN fails every comparison.
+        if self.cost >= 0.0 && self.cost <= max && self.cost != f64::INFINITY {
+            return Ok(());
+        }
+        Err(self.invalid(max))
+    }
+
+    #[cold]
+    fn invalid(&self, max: f64) -> CostError {
+        if !(self.cost.is_finite() && self.cost >= 0.0) {
+            CostError::Invalid(self.cost)
+        } else {
+            CostError::Impossible {
                 limit: self.limit.name().to_owned(),
                 cost: self.cost,
                 max,
-            });
+            }
         }
-        Ok(())
     }
 }
 

@@ -453,8 +453,8 @@ impl<C: Clock> MemoryStore<C> {
     /// The common case, one unsharded limit: one lock, one probe.
     fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
         op.validate(mode.reserve)?;
-        let alg = *op.limit.shard_algorithm();
-        let offset = algorithm::key_offset(&alg, op.key);
+        let alg = op.limit.shard_algorithm();
+        let offset = algorithm::key_offset(alg, op.key);
         let fp = self.fingerprint(op.key, 0);
         // Read before the lock to keep the critical section short. A thread
         // that read an earlier time and locks later sees a state from its
@@ -462,11 +462,27 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         let lane = &self.shards[self.lock_index(fp)].0;
         let tag = hint_tag(fp, op.limit);
-        let eval = |s| algorithm::evaluate(&alg, Some(s), offset, now, op.cost, mode.reserve);
+        let eval = |s| algorithm::evaluate(alg, Some(s), offset, now, op.cost, mode.reserve);
         let cap = alg.capacity();
         if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
             return Ok(d);
         }
+        Ok(self.single_locked(op, mode, lane, (fp, tag), (alg, offset, now)))
+    }
+
+    /// [`MemoryStore::single`] for a key without a hot slot: under the
+    /// shard lock. Kept out of line so that the lock-free path stays small.
+    #[inline(never)]
+    fn single_locked(
+        &self,
+        op: &Op<'_>,
+        mode: Mode,
+        lane: &Lane,
+        (fp, tag): (u64, u64),
+        (alg, offset, now): (&Algorithm, i64, Nanos),
+    ) -> Decision {
+        let eval = |s| algorithm::evaluate(alg, Some(s), offset, now, op.cost, mode.reserve);
+        let cap = alg.capacity();
         let (mut guard, contended) = match lane.lock.try_lock() {
             Some(g) => (g, false),
             None => (lane.lock.lock(), true),
@@ -474,7 +490,7 @@ impl<C: Clock> MemoryStore<C> {
         // Another thread may have moved the key into a slot meanwhile; while
         // the lock is held, none can move it out.
         if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
-            return Ok(d);
+            return d;
         }
         let shard = &mut *guard;
         let t = shard.table(op.limit);
@@ -485,7 +501,7 @@ impl<C: Clock> MemoryStore<C> {
             Probe::Found(i) => Some(table.entries.at_mut(i).state()),
             Probe::Vacant => None,
         };
-        let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
+        let ev = algorithm::evaluate(alg, state, offset, now, op.cost, mode.reserve);
         let heat = match (ev.next, state) {
             (Some(next), _) if mode.consume => {
                 let delta = table.put_at(probe, fp, next);
@@ -504,7 +520,7 @@ impl<C: Clock> MemoryStore<C> {
             lane.heat(shard, tag, (fp, t), state);
         }
         lane.maintain(shard, now, self.shard_cap);
-        Ok(ev.decision)
+        ev.decision
     }
 
     /// Any number of operations, on sharded limits too: every shard involved
