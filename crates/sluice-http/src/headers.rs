@@ -156,8 +156,10 @@ pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
     // Every request that a rule limits gets these, so they are written
     // straight into the response's map: numbers through `HeaderValue::from`,
     // the lists without a `String` per item.
-    h.reserve(8);
     if !v.rules.is_empty() {
+        // Only a limited request gets headers: the reservation is for them,
+        // and a request no rule matched leaves the map untouched.
+        h.reserve(8);
         let mut policy = String::with_capacity(32 * v.rules.len());
         let mut current = String::with_capacity(32 * v.rules.len());
         for (i, r) in v.rules.iter().enumerate() {
