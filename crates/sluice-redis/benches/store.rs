@@ -29,7 +29,9 @@
 //! `/proc/self/task/*/schedstat`) over the window, the throughput ratio
 //! sluice/naive per scenario, and the store's counters over the window.
 //!
-//! Run it with `cargo bench -p sluice-redis --bench store`. Without `--bench`
+//! Run it with `cargo bench -p sluice-redis --bench store`;
+//! `SLUICE_BENCH_ONLY=mixed` (or `mixed/sluice`) runs one scenario (or one
+//! row). Without `--bench`
 //! on its command line (as under `cargo test --benches`) it makes a short
 //! smoke pass instead.
 
@@ -279,6 +281,8 @@ struct Row {
     errors: u64,
     /// redis-server CPU per decision in the measured window, in µs.
     server_us: Option<f64>,
+    /// redis-server time inside the script per decision, in µs.
+    script_us: Option<f64>,
     /// This process's CPU per decision in the measured window, in µs.
     client_us: Option<f64>,
     /// The store's counters over the measured window (sluice only).
@@ -295,6 +299,20 @@ fn server_cpu(port: u16) -> Option<Duration> {
     };
     let secs = field("used_cpu_user")? + field("used_cpu_sys")?;
     Some(Duration::from_secs_f64(secs))
+}
+
+/// The time redis-server spent inside `EVALSHA` so far, nested commands
+/// included (`INFO commandstats`): the scripts' share of its CPU.
+fn script_time(port: u16) -> Option<Duration> {
+    let info = support::command(port, &["INFO", "commandstats"]).ok()?;
+    let usec = info
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_evalsha:"))?
+        .split(',')
+        .find_map(|f| f.strip_prefix("usec="))?
+        .parse::<u64>()
+        .ok()?;
+    Some(Duration::from_micros(usec))
 }
 
 /// This process's CPU time so far, summed over its threads from
@@ -386,9 +404,11 @@ async fn run(
     tokio::time::sleep_until(measure_from.into()).await;
     let stats_from = store.as_ref().map(|s| s.stats());
     let (server_from, client_from) = (server_cpu(server.port()), client_cpu());
+    let script_from = script_time(server.port());
     tokio::time::sleep_until(end.into()).await;
     let stats_to = store.as_ref().map(|s| s.stats());
     let (server_to, client_to) = (server_cpu(server.port()), client_cpu());
+    let script_to = script_time(server.port());
 
     let mut tally = Tally::default();
     for task in tasks {
@@ -407,8 +427,31 @@ async fn run(
         denied: tally.denied,
         errors: tally.errors,
         server_us: cpu_per_decision(server_from, server_to, calls),
+        script_us: cpu_per_decision(script_from, script_to, calls),
         client_us: cpu_per_decision(client_from, client_to, calls),
         stats: stats_from.zip(stats_to).map(|(a, b)| stats_delta(a, b)),
+    }
+}
+
+/// The rows to run: `SLUICE_BENCH_ONLY` is `scenario` or `scenario/side`
+/// (`mixed/sluice`, say, to profile one side alone); unset, every row runs.
+struct Only(Option<String>);
+
+impl Only {
+    fn from_env() -> Only {
+        Only(
+            std::env::var("SLUICE_BENCH_ONLY")
+                .ok()
+                .filter(|s| !s.is_empty()),
+        )
+    }
+
+    fn runs(&self, scenario: &str, side: Side) -> bool {
+        let Some(only) = &self.0 else { return true };
+        match only.split_once('/') {
+            Some((s, d)) => s == scenario && d == side.name(),
+            None => only == scenario,
+        }
     }
 }
 
@@ -447,7 +490,7 @@ impl Row {
 
 fn print_row(row: &Row) {
     println!(
-        "{:<8} {:<7} {:>12.0} {:>7} {:>7} {:>9.1} {:>10} {:>10} {:>7} {:>9} {:>9}",
+        "{:<8} {:<7} {:>12.0} {:>7} {:>7} {:>9.1} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9}",
         row.scenario,
         row.side.name(),
         row.per_sec,
@@ -458,12 +501,14 @@ fn print_row(row: &Row) {
         row.denied,
         row.errors,
         cpu(row.server_us),
+        cpu(row.script_us),
         cpu(row.client_us),
     );
 }
 
 fn main() {
     let measure = measured_window();
+    let only = Only::from_env();
     let server = support::RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKERS)
@@ -480,7 +525,7 @@ fn main() {
     );
     println!();
     println!(
-        "{:<8} {:<7} {:>12} {:>7} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9} {:>9}",
+        "{:<8} {:<7} {:>12} {:>7} {:>7} {:>9} {:>10} {:>10} {:>7} {:>9} {:>9} {:>9}",
         "scenario",
         "side",
         "decisions/s",
@@ -491,6 +536,7 @@ fn main() {
         "denied",
         "errors",
         "srv µs/d",
+        "lua µs/d",
         "cli µs/d",
     );
 
@@ -500,11 +546,18 @@ fn main() {
         Workload::new("abuse", HOT_SHARE, 10.0),
     ] {
         let work = Arc::new(work);
-        let naive = runtime.block_on(run(&server, &work, Side::Naive, measure));
-        print_row(&naive);
-        let sluice = runtime.block_on(run(&server, &work, Side::Sluice, measure));
-        print_row(&sluice);
-        summary.push((naive, sluice));
+        let run_side = |side: Side| {
+            only.runs(work.name, side).then(|| {
+                let row = runtime.block_on(run(&server, &work, side, measure));
+                print_row(&row);
+                row
+            })
+        };
+        let naive = run_side(Side::Naive);
+        let sluice = run_side(Side::Sluice);
+        if let (Some(naive), Some(sluice)) = (naive, sluice) {
+            summary.push((naive, sluice));
+        }
     }
 
     println!();

@@ -140,3 +140,46 @@ async fn concurrent_batches_account_for_every_token() {
         }
     }
 }
+
+/// A transaction too large for one `MGET`, one `struct.unpack` of its ops or
+/// one `DEL`, which the script splits into chunks, decides as the memory
+/// store does: allowed whole, then denied whole by its last op, then
+/// allowed again, refilling every bucket to full (so every key is deleted).
+#[tokio::test]
+async fn a_transaction_larger_than_the_scripts_chunks_is_one_decision() {
+    const KEYS: usize = 3_500;
+    let server = support::RedisServer::start();
+    let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
+    let config = RedisConfig::from_url(&server.url()).unwrap();
+    let redis = RedisStore::with_clock(config, clock.clone()).unwrap();
+    let memory = sluice_core::MemoryStore::with_clock(clock.clone());
+    let limit = Limit::new("wide", TokenBucket::new(1.0, 2.0).unwrap());
+    let keys: Vec<String> = (0..KEYS).map(|i| format!("u{i}")).collect();
+    let mut ops: Vec<Op<'_>> = keys.iter().map(|k| Op::new(&limit, k, 1.0)).collect();
+
+    let first_r = redis.transact(&ops, Mode::CONSUME).await.unwrap();
+    let first_m = memory.transact(&ops, Mode::CONSUME).await.unwrap();
+    assert!(first_r.allowed);
+    assert_eq!(first_r, first_m);
+
+    // The first key a second time: it has one token left, so the whole
+    // transaction, 3,501 ops, is denied and takes nothing.
+    ops.push(Op::new(&limit, &keys[0], 1.0));
+    ops.push(Op::new(&limit, &keys[0], 1.0));
+    let denied_r = redis.transact(&ops, Mode::CONSUME).await.unwrap();
+    let denied_m = memory.transact(&ops, Mode::CONSUME).await.unwrap();
+    assert!(!denied_r.allowed);
+    assert_eq!(denied_r, denied_m);
+    let last = redis.value(&limit, &keys[KEYS - 1]).await.unwrap();
+    assert_eq!(last.tokens, 1.0);
+
+    // A cost of 0 commits each bucket after a refill to full: each key
+    // is then deleted, in more than one DEL.
+    clock.advance(std::time::Duration::from_secs(5));
+    let free: Vec<Op<'_>> = keys.iter().map(|k| Op::new(&limit, k, 0.0)).collect();
+    let refill = redis.transact(&free, Mode::CONSUME).await.unwrap();
+    assert!(refill.allowed);
+    assert_eq!(refill, memory.transact(&free, Mode::CONSUME).await.unwrap());
+    let left = support::command(server.port(), &["DBSIZE"]).unwrap();
+    assert_eq!(left.trim(), ":0", "full buckets are deleted");
+}

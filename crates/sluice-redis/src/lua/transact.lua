@@ -20,14 +20,29 @@
 -- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
 -- keys it used; bit 1: a state follows) and the state it saw, '<dd'.
 --
--- Speed matters here: every key is read with one MGET, every key written is
--- written once at the end with its TTL in the same SET, and the hot loop
--- keeps to locals and arrays (no table per operation).
+-- Speed matters here, since Redis runs it on its one thread. Every key is
+-- read with one MGET and every key written is written once, at the end,
+-- with its TTL in the same SET. Beyond those, the cost is in calls into C
+-- and in growing tables, so the ops are decoded with one struct call per
+-- chunk, tables are created at their final size, and
+-- the token bucket's refill is inline.
 
 local unpack_s, pack_s = struct.unpack, struct.pack
 local call = redis.call
-local floor, ceil = math.floor, math.ceil
+local floor = math.floor
+local rep = string.rep
 local keys = KEYS
+
+-- Values per struct or unpack call: well within Lua's C stack (8000 slots).
+local CHUNK = 3000
+
+local NONE = {}
+-- A table whose array part already has n slots, so that filling 1..n never
+-- rehashes it (a table constructor sizes itself to what it is given).
+local function sized(n)
+  if n <= CHUNK then return {unpack(NONE, 1, n)} end
+  return {}
+end
 
 local unit = tonumber(ARGV[1])
 local now
@@ -50,14 +65,13 @@ do
   end
 end
 
--- Every state, read at once: tok[k] is false for a missing key. Chunked so
--- that unpack stays within Lua's stack limit.
+-- Every state, read at once: tok[k] is false for a missing key.
 local nkeys = #keys
-local tok, tsv = {}, {}
+local tok, tsv, wlim = sized(nkeys), sized(nkeys), sized(nkeys)
 do
   local i = 1
   while i <= nkeys do
-    local j = i + 3999
+    local j = i + CHUNK - 1
     if j > nkeys then j = nkeys end
     local vals = call('MGET', unpack(keys, i, j))
     for k = i, j do
@@ -72,6 +86,29 @@ do
   end
 end
 
+-- Every op, decoded at once into a flat array of six fields per op.
+local ops = {}
+local nops = 0
+do
+  local blob = ARGV[5]
+  local per = floor(CHUNK / 6)
+  local total = #blob / 29
+  local pos = 1
+  while nops < total do
+    local n = total - nops
+    if n > per then n = per end
+    local part = {unpack_s('<' .. rep('BI4I4I4dd', n), blob, pos)}
+    pos = part[n * 6 + 1]
+    if nops == 0 then
+      ops = part
+    else
+      local base = nops * 6
+      for i = 1, n * 6 do ops[base + i] = part[i] end
+    end
+    nops = nops + n
+  end
+end
+
 -- floor(a / b) for integers held exactly in doubles.
 local function idiv(a, b)
   local q = floor(a / b)
@@ -80,7 +117,8 @@ local function idiv(a, b)
 end
 
 -- The state of a key at now under limit l: refilled (token bucket) or rolled
--- over (fixed window). `tokens` false: no state.
+-- over (fixed window). `tokens` false: no state. The token bucket's case is
+-- repeated inline in the loop below; this is its reference.
 local function advance(l, tokens, ts, origin)
   if kind[l] == 1 then
     if not tokens then return p3[l], now end
@@ -103,18 +141,13 @@ local function advance(l, tokens, ts, origin)
   return t, ts + windows * period
 end
 
--- Committed writes: the final state of each key is written once, below.
-local wlim, written, nwritten = {}, {}, 0
+-- Committed writes: the final state of each key, written once below.
 local function commit(k, t, ts, l)
   if t >= p3[l] then
     -- Full: deleted, so later transactions see no state, as after a DEL.
     tok[k] = false
   else
     tok[k], tsv[k] = t, ts
-  end
-  if not wlim[k] then
-    nwritten = nwritten + 1
-    written[nwritten] = k
   end
   wlim[k] = l
 end
@@ -125,13 +158,9 @@ local out, nout = {}, 0
 -- (several ops only) its pending writes, which its own later ops see.
 local head, ok
 local ptok, pts, plim, porder, npend
-local blob = ARGV[5]
-local pos, len = 1, #ARGV[5]
-while pos <= len do
-  local ctl, a, b, l, cost, origin
-  ctl, a, b, l, cost, origin, pos = unpack_s('<BI4I4I4dd', blob, pos)
-  local consume = ctl % 2 == 1
-  local reserve = ctl % 4 >= 2
+for i = 0, nops - 1 do
+  local f = i * 6
+  local ctl, a, b, l, cost = ops[f + 1], ops[f + 2], ops[f + 3], ops[f + 4], ops[f + 5]
   local first = ctl % 8 >= 4
   local last = ctl >= 8
   if first then
@@ -149,24 +178,37 @@ while pos <= len do
   local k, pick = a, 0
   local st, sts
   if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts = tok[a], tsv[a] end
-  local avail, ts = advance(l, st, sts, origin)
+  local avail, ts
+  if kind[l] == 1 then
+    if st then
+      local e = now - sts
+      if e < 0 then e = 0 end
+      avail = st + e * unit * p1[l] / p2[l]
+      if avail > p3[l] then avail = p3[l] end
+      if now > sts then ts = now else ts = sts end
+    else
+      avail, ts = p3[l], now
+    end
+  else
+    avail, ts = advance(l, st, sts, ops[f + 6])
+  end
   if b ~= a then
     local sb, sbts
     if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts = tok[b], tsv[b] end
-    local availb, tsb = advance(l, sb, sbts, origin)
+    local availb, tsb = advance(l, sb, sbts, ops[f + 6])
     if availb > avail then
       k, pick, st, sts, avail, ts = b, 1, sb, sbts, availb, tsb
     end
   end
 
   local allowed = avail >= cost
-  if not allowed and reserve then
+  if not allowed and ctl % 4 >= 2 then
     local mr = p4[l]
     allowed = mr < 0 or cost - avail <= mr
   end
   if allowed then
     if not ptok then
-      if consume then commit(k, avail - cost, ts, l) end
+      if ctl % 2 == 1 then commit(k, avail - cost, ts, l) end
     else
       if not ptok[k] then
         npend = npend + 1
@@ -188,9 +230,9 @@ while pos <= len do
   if last then
     if not ok then
       out[head] = '\0'
-    elseif ptok and consume then
-      for i = 1, npend do
-        local pk = porder[i]
+    elseif ptok and ctl % 2 == 1 then
+      for j = 1, npend do
+        local pk = porder[j]
         commit(pk, ptok[pk], pts[pk], plim[pk])
       end
     end
@@ -199,27 +241,34 @@ end
 
 -- The writes: each key once, with the TTL until it is full again.
 local dels, ndels = {}, 0
-for i = 1, nwritten do
-  local k = written[i]
-  local t = tok[k]
-  if t then
-    local l, ts = wlim[k], tsv[k]
-    local missing = p3[l] - t
-    local span
-    if kind[l] == 1 then
-      span = missing * p2[l] / p1[l]
+for k = 1, nkeys do
+  local l = wlim[k]
+  if l then
+    local t = tok[k]
+    if t then
+      local ts = tsv[k]
+      local missing = p3[l] - t
+      local span
+      if kind[l] == 1 then
+        span = missing * p2[l] / p1[l]
+      else
+        local w = missing / p1[l]
+        local c = w - w % 1
+        if c < w then c = c + 1 end
+        span = c * p2[l] * unit
+      end
+      -- At least a millisecond more than the time to full (rounded up).
+      local x = ((ts - now) * unit + span) / 1000000
+      local ms = x - x % 1 + 2
+      if ms < min_ttl then ms = min_ttl end
+      call('SET', keys[k], pack_s('<dd', t, ts), 'PX', ms)
     else
-      span = ceil(missing / p1[l]) * p2[l] * unit
-    end
-    local ms = ceil(((ts - now) * unit + span) / 1000000) + 1
-    if ms < min_ttl then ms = min_ttl end
-    call('SET', keys[k], pack_s('<dd', t, ts), 'PX', ms)
-  else
-    ndels = ndels + 1
-    dels[ndels] = keys[k]
-    if ndels == 4000 then
-      call('DEL', unpack(dels, 1, ndels))
-      ndels = 0
+      ndels = ndels + 1
+      dels[ndels] = keys[k]
+      if ndels == CHUNK then
+        call('DEL', unpack(dels, 1, ndels))
+        ndels = 0
+      end
     end
   end
 end
