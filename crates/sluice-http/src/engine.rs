@@ -3,10 +3,12 @@
 //! failures handled the same way for the middleware, the proxy, the
 //! decision API and Envoy.
 
-use std::sync::Arc;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
+use metrics::{Counter, Histogram};
 use sluice_core::{Decision, Mode, OnError, Op, Outcome, Store, StoreError};
 use sluice_policy::{Mode as RuleMode, OnStoreError, Policy, Request, Rule, RuleHit};
 
@@ -124,6 +126,61 @@ impl Verdict {
 pub struct Enforcer<S> {
     policy: ArcSwap<Policy>,
     store: S,
+    meters: Meters,
+}
+
+/// The metric handles decisions record into, made on first use and then
+/// kept: making a labelled handle costs an allocation and a registry lookup,
+/// a large share of a decision on the memory store. So a metrics recorder
+/// must be installed before the first decision, as it is at start-up.
+#[derive(Default)]
+struct Meters {
+    /// `sluice_decisions_total` by rule: allowed and denied when enforced,
+    /// then allowed and denied in shadow mode.
+    decisions: RwLock<HashMap<Box<str>, Arc<[Counter; 4]>>>,
+    /// `sluice_store_seconds` of rules' transactions.
+    transact: OnceLock<Histogram>,
+    /// `sluice_store_seconds` of named limits' decisions.
+    decide: OnceLock<Histogram>,
+}
+
+impl Meters {
+    fn count(&self, rule: &str, mode: RuleMode, allowed: bool) {
+        let i = usize::from(!allowed) + 2 * usize::from(mode == RuleMode::Shadow);
+        let known = self
+            .decisions
+            .read()
+            .ok()
+            .and_then(|m| m.get(rule).cloned());
+        let counters = known.unwrap_or_else(|| {
+            let made = Arc::new(
+                [
+                    ("allowed", "enforce"),
+                    ("denied", "enforce"),
+                    ("allowed", "shadow"),
+                    ("denied", "shadow"),
+                ]
+                .map(|(outcome, mode)| {
+                    metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
+                }),
+            );
+            if let Ok(mut m) = self.decisions.write() {
+                m.insert(rule.into(), made.clone());
+            }
+            made
+        });
+        counters[i].increment(1);
+    }
+
+    fn transact(&self) -> &Histogram {
+        self.transact
+            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "transact"))
+    }
+
+    fn decide(&self) -> &Histogram {
+        self.decide
+            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "decide"))
+    }
 }
 
 impl<S: Store> Enforcer<S> {
@@ -140,6 +197,7 @@ impl<S: Store> Enforcer<S> {
         Enforcer {
             policy: ArcSwap::from_pointee(policy),
             store,
+            meters: Meters::default(),
         }
     }
 
@@ -183,6 +241,39 @@ impl<S: Store> Enforcer<S> {
         &self.store
     }
 
+    /// Decides `op` on the named limit `name` in `mode`, as the decision API
+    /// does: timed like the rules' store calls, and counted in
+    /// `sluice_decisions_total` under the limit's name (as enforced, since a
+    /// named limit has no mode).
+    ///
+    /// ```
+    /// # use sluice_core::{MemoryStore, Mode, Op};
+    /// # use sluice_http::Enforcer;
+    /// # use sluice_policy::Policy;
+    /// let policy = Policy::from_str("limits: {send: {algorithm: token_bucket, algorithm_config: {rps: 1, burst: 1}}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let send = policy.named_limit("send").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let op = || Op::new(send.limit(), "alice", 1.0);
+    /// assert!(rt.block_on(e.decide_named("send", op(), Mode::CONSUME)).unwrap().allowed);
+    /// assert!(!rt.block_on(e.decide_named("send", op(), Mode::CONSUME)).unwrap().allowed);
+    /// ```
+    pub async fn decide_named(
+        &self,
+        name: &str,
+        op: Op<'_>,
+        mode: Mode,
+    ) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        let result = self.store.decide(op, mode).await;
+        self.meters.decide().record(started.elapsed().as_secs_f64());
+        if let Ok(d) = &result {
+            self.meters.count(name, RuleMode::Enforce, d.allowed);
+        }
+        result
+    }
+
     /// Applies the policy's HTTP rules (those without a `domain`) to `req`,
     /// consuming from every rule that applies.
     pub async fn check<R: Request + ?Sized>(&self, req: &R) -> Verdict {
@@ -222,7 +313,7 @@ impl<S: Store> Enforcer<S> {
                     Err(_) => true,
                 }
             };
-            count(hit.rule, allowed);
+            self.count(hit.rule, allowed);
             if !allowed {
                 verdict.shadow_denied.push(hit.rule.name().to_owned());
             }
@@ -231,7 +322,7 @@ impl<S: Store> Enforcer<S> {
         if let Some(hit) = enforce.iter().find(|h| h.missing) {
             verdict.allowed = false;
             verdict.refusal = Some((hit.rule.name().to_owned(), Refusal::MissingKey));
-            count(hit.rule, false);
+            self.count(hit.rule, false);
             return verdict;
         }
         if enforce.is_empty() {
@@ -270,7 +361,7 @@ impl<S: Store> Enforcer<S> {
             }
         };
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
-            count(hit.rule, d.allowed);
+            self.count(hit.rule, d.allowed);
             verdict.rules.push(RuleDecision {
                 rule: hit.rule.name().to_owned(),
                 key: hit.key.clone(),
@@ -284,12 +375,17 @@ impl<S: Store> Enforcer<S> {
         verdict
     }
 
+    fn count(&self, rule: &Rule, allowed: bool) {
+        self.meters.count(rule.name(), rule.mode(), allowed);
+    }
+
     /// One store call, timed and counted; failures are counted by how the
     /// rules in the call treat them.
     async fn transact(&self, ops: &[Op<'_>], rules: &[&Rule]) -> Result<Outcome, StoreError> {
         let started = Instant::now();
         let result = self.store.transact(ops, Mode::CONSUME).await;
-        metrics::histogram!("sluice_store_seconds", "op" => "transact")
+        self.meters
+            .transact()
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
             let kind = match e {
@@ -309,16 +405,6 @@ impl<S: Store> Enforcer<S> {
         }
         result
     }
-}
-
-fn count(rule: &Rule, allowed: bool) {
-    let outcome = if allowed { "allowed" } else { "denied" };
-    let mode = match rule.mode() {
-        RuleMode::Enforce => "enforce",
-        RuleMode::Shadow => "shadow",
-    };
-    metrics::counter!("sluice_decisions_total", "rule" => rule.name().to_owned(), "outcome" => outcome, "mode" => mode)
-        .increment(1);
 }
 
 /// The rule's quota window in seconds, as the `w` of `RateLimit-Policy`.

@@ -2,6 +2,7 @@
 //! request decisions for proxies in any language, and the operational
 //! endpoints. Every error is a problem-details body with a 4xx status.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
 use std::sync::Arc;
@@ -72,15 +73,25 @@ fn json<T: serde::de::DeserializeOwned>(
     body: Result<Bytes, BytesRejection>,
 ) -> Result<T, Response> {
     let bytes = body.map_err(|e| problem(e.status(), e.body_text()))?;
-    serde_json::from_slice(&bytes)
+    parse(&bytes)
+}
+
+/// Parses a JSON body that `T` may borrow strings from.
+#[allow(clippy::result_large_err)]
+fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Response> {
+    serde_json::from_slice(bytes)
         .map_err(|e| problem(StatusCode::BAD_REQUEST, format!("malformed JSON body: {e}")))
 }
 
+/// A `/v1/limit` or `/v1/check` body. Its strings borrow from the body
+/// unless they hold escapes: a call allocates nothing to be read.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
-struct Call {
-    limit: String,
-    key: String,
+struct Call<'a> {
+    #[serde(borrow)]
+    limit: Cow<'a, str>,
+    #[serde(borrow)]
+    key: Cow<'a, str>,
     #[serde(default = "one")]
     count: f64,
     #[serde(default)]
@@ -145,7 +156,11 @@ async fn call<C: Clock + Send + Sync>(
     body: Result<Bytes, BytesRejection>,
     consume: bool,
 ) -> Response {
-    let call: Call = match json(body) {
+    let bytes = match body {
+        Ok(b) => b,
+        Err(e) => return problem(e.status(), e.body_text()),
+    };
+    let call: Call<'_> = match parse(&bytes) {
         Ok(c) => c,
         Err(res) => return res,
     };
@@ -168,17 +183,8 @@ async fn call<C: Clock + Send + Sync>(
         (true, false) => Mode::CONSUME,
     };
     let op = Op::new(named.limit(), &call.key, call.count);
-    let started = std::time::Instant::now();
-    let result = state.enforcer.store().decide(op, mode).await;
-    metrics::histogram!("sluice_store_seconds", "op" => "decide")
-        .record(started.elapsed().as_secs_f64());
-    match result {
-        Ok(d) => {
-            let outcome = if d.allowed { "allowed" } else { "denied" };
-            metrics::counter!("sluice_decisions_total", "rule" => named.name().to_owned(), "outcome" => outcome, "mode" => "enforce")
-                .increment(1);
-            answer(d)
-        }
+    match state.enforcer.decide_named(named.name(), op, mode).await {
+        Ok(d) => answer(d),
         Err(e) => store_failed(&e),
     }
 }

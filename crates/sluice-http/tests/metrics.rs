@@ -1,0 +1,106 @@
+//! Decisions are counted by rule, outcome and mode, through the metric
+//! handles the enforcer keeps: the counts must keep adding up after the
+//! first decision of each rule, when the handles are reused.
+
+#![allow(clippy::unwrap_used)]
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use sluice_core::{MemoryStore, Mode, Op};
+use sluice_http::Enforcer;
+use sluice_policy::{Policy, RequestParts};
+
+const POLICY: &str = r#"
+limits:
+  send: {algorithm: token_bucket, algorithm_config: {rate: 1, period: 1h, burst: 2}}
+rules:
+  - name: enforced
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 1h, burst: 1}
+  - name: trial
+    limit_keys: [ip:address]
+    mode: shadow
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 1h, burst: 2}
+"#;
+
+/// A recorded counter: its name, labels and value.
+type Recorded = (String, Vec<(String, String)>, u64);
+
+/// The value of `sluice_decisions_total` with these labels, if recorded.
+fn decisions(snapshot: &[Recorded], labels: [&str; 3]) -> Option<u64> {
+    let want = [
+        ("rule", labels[0]),
+        ("outcome", labels[1]),
+        ("mode", labels[2]),
+    ];
+    snapshot
+        .iter()
+        .find(|(name, l, _)| {
+            name == "sluice_decisions_total"
+                && want
+                    .iter()
+                    .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .map(|(_, _, v)| *v)
+}
+
+#[test]
+fn decisions_are_counted_by_rule_outcome_and_mode() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    metrics::with_local_recorder(&recorder, || {
+        let enforcer = Enforcer::new(Policy::from_str(POLICY, "p").unwrap(), MemoryStore::new());
+        let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+        // enforced: allowed, then denied twice; trial: allowed twice, then
+        // denied (a shadow rule is consulted even when an enforced one denies).
+        for _ in 0..3 {
+            rt.block_on(enforcer.check(&req));
+        }
+        let policy = enforcer.policy();
+        let send = policy.named_limit("send").unwrap();
+        for _ in 0..3 {
+            let op = Op::new(send.limit(), "alice", 1.0);
+            rt.block_on(enforcer.decide_named("send", op, Mode::CONSUME))
+                .unwrap();
+        }
+    });
+
+    let snapshot: Vec<Recorded> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter_map(|(key, _, _, value)| {
+            let DebugValue::Counter(v) = value else {
+                return None;
+            };
+            let (name, labels) = key.key().clone().into_parts();
+            let labels = labels
+                .into_iter()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            Some((name.as_str().to_owned(), labels, v))
+        })
+        .collect();
+    assert_eq!(
+        decisions(&snapshot, ["enforced", "allowed", "enforce"]),
+        Some(1)
+    );
+    assert_eq!(
+        decisions(&snapshot, ["enforced", "denied", "enforce"]),
+        Some(2)
+    );
+    assert_eq!(
+        decisions(&snapshot, ["trial", "allowed", "shadow"]),
+        Some(2)
+    );
+    assert_eq!(decisions(&snapshot, ["trial", "denied", "shadow"]), Some(1));
+    assert_eq!(
+        decisions(&snapshot, ["send", "allowed", "enforce"]),
+        Some(2)
+    );
+    assert_eq!(decisions(&snapshot, ["send", "denied", "enforce"]), Some(1));
+}
