@@ -65,9 +65,117 @@ pub fn evaluate(
     cost: f64,
     reserve: bool,
 ) -> Eval {
-    match alg {
-        Algorithm::TokenBucket(tb) => token_bucket(tb, state, now, cost, reserve),
-        Algorithm::FixedWindow(fw) => fixed_window(fw, state, offset, now, cost, reserve),
+    let p = prepare(alg, state, offset, now, cost, reserve);
+    Eval {
+        decision: p.decision(alg, now),
+        next: p.next(),
+    }
+}
+
+/// The first half of [`evaluate`]: whether the call is admitted and the state
+/// to commit. A store that commits optimistically computes just this between
+/// reading a state and committing the next one, and the decision after, with
+/// [`Pending::decision`].
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Pending {
+    /// The tokens (or the window's value) at `now`, before the call.
+    available: f64,
+    /// The time `available` is counted at.
+    ts: Nanos,
+    cost: f64,
+    allowed: bool,
+}
+
+/// Refills (or rolls over) `state` to `now` and decides whether `cost` is
+/// admitted: [`evaluate`] without the decision.
+// Always: it sits between a read and a compare-and-swap, where a call's
+// spills widen the window another thread's commit can land in.
+#[inline(always)]
+pub(crate) fn prepare(
+    alg: &Algorithm,
+    state: Option<State>,
+    offset: i64,
+    now: Nanos,
+    cost: f64,
+    reserve: bool,
+) -> Pending {
+    let (State { tokens, ts }, max_reserved) = match alg {
+        Algorithm::TokenBucket(tb) => (tb_refill(tb, state, now), tb.max_reserved()),
+        Algorithm::FixedWindow(fw) => (fw_roll(fw, state, offset, now), fw.max_reserved()),
+    };
+    Pending {
+        available: tokens,
+        ts,
+        cost,
+        allowed: tokens >= cost || may_reserve(reserve, cost - tokens, max_reserved),
+    }
+}
+
+impl Pending {
+    /// The state to store if the call is committed; `None` when it is denied.
+    #[inline]
+    pub(crate) fn next(&self) -> Option<State> {
+        self.allowed.then_some(State {
+            tokens: self.available - self.cost,
+            ts: self.ts,
+        })
+    }
+
+    /// What the caller is told; `alg` and `now` are those it was prepared
+    /// with.
+    #[inline]
+    pub(crate) fn decision(&self, alg: &Algorithm, now: Nanos) -> Decision {
+        match alg {
+            Algorithm::TokenBucket(tb) => self.token_bucket(tb),
+            Algorithm::FixedWindow(fw) => self.fixed_window(fw, now),
+        }
+    }
+
+    /// The tokens left after the call: nothing is taken from a denial.
+    #[inline]
+    fn after(&self) -> f64 {
+        if self.allowed {
+            self.available - self.cost
+        } else {
+            self.available
+        }
+    }
+
+    #[inline]
+    fn token_bucket(&self, tb: &TokenBucket) -> Decision {
+        let after = self.after();
+        Decision {
+            allowed: self.allowed,
+            limit: tb.burst(),
+            remaining: remaining(after),
+            retry_after: (self.available < self.cost)
+                .then(|| tb.secs_for(self.cost - self.available)),
+            reset: tb.secs_for(tb.burst() - after).max(0.0),
+        }
+    }
+
+    #[inline]
+    fn fixed_window(&self, fw: &FixedWindow, now: Nanos) -> Decision {
+        let after = self.after();
+        let deficit = self.cost - self.available;
+        let reset = if after >= fw.capacity() {
+            0.0
+        } else {
+            until_window(
+                fw,
+                self.ts,
+                now,
+                ((fw.capacity() - after) / fw.rate()).ceil(),
+            )
+        };
+        Decision {
+            allowed: self.allowed,
+            limit: fw.capacity(),
+            remaining: remaining(after),
+            retry_after: (self.available < self.cost)
+                .then(|| until_window(fw, self.ts, now, (deficit / fw.rate()).ceil())),
+            reset,
+        }
     }
 }
 
@@ -107,38 +215,6 @@ fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
     }
 }
 
-#[inline]
-fn token_bucket(
-    tb: &TokenBucket,
-    state: Option<State>,
-    now: Nanos,
-    cost: f64,
-    reserve: bool,
-) -> Eval {
-    let State {
-        tokens: available,
-        ts,
-    } = tb_refill(tb, state, now);
-    let deficit = cost - available;
-    let (allowed, after, retry_after) = if available >= cost {
-        (true, available - cost, None)
-    } else if may_reserve(reserve, deficit, tb.max_reserved()) {
-        (true, available - cost, Some(tb.secs_for(deficit)))
-    } else {
-        (false, available, Some(tb.secs_for(deficit)))
-    };
-    Eval {
-        decision: Decision {
-            allowed,
-            limit: tb.burst(),
-            remaining: remaining(after),
-            retry_after,
-            reset: tb.secs_for(tb.burst() - after).max(0.0),
-        },
-        next: allowed.then_some(State { tokens: after, ts }),
-    }
-}
-
 /// The start of the window containing `now`, for windows at
 /// `offset + k·period`.
 #[inline]
@@ -171,42 +247,6 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
 #[inline]
 fn until_window(fw: &FixedWindow, ts: Nanos, now: Nanos, windows: f64) -> f64 {
     ((ts.0 - now.0) as f64 + windows * fw.period().0 as f64) / NS
-}
-
-#[inline]
-fn fixed_window(
-    fw: &FixedWindow,
-    state: Option<State>,
-    offset: i64,
-    now: Nanos,
-    cost: f64,
-    reserve: bool,
-) -> Eval {
-    let State { tokens: value, ts } = fw_roll(fw, state, offset, now);
-    let deficit = cost - value;
-    let wait = || until_window(fw, ts, now, (deficit / fw.rate()).ceil());
-    let (allowed, after, retry_after) = if value >= cost {
-        (true, value - cost, None)
-    } else if may_reserve(reserve, deficit, fw.max_reserved()) {
-        (true, value - cost, Some(wait()))
-    } else {
-        (false, value, Some(wait()))
-    };
-    let reset = if after >= fw.capacity() {
-        0.0
-    } else {
-        until_window(fw, ts, now, ((fw.capacity() - after) / fw.rate()).ceil())
-    };
-    Eval {
-        decision: Decision {
-            allowed,
-            limit: fw.capacity(),
-            remaining: remaining(after),
-            retry_after,
-            reset,
-        },
-        next: allowed.then_some(State { tokens: after, ts }),
-    }
 }
 
 /// An operation's decision as a denied transaction reports it: nothing was

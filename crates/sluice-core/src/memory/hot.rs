@@ -16,7 +16,7 @@
 use std::hint::spin_loop;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, AtomicUsize, Ordering, fence};
 
-use crate::algorithm::{Eval, State};
+use crate::algorithm::State;
 use crate::decision::Decision;
 use crate::time::Nanos;
 
@@ -153,19 +153,23 @@ impl Hot {
         &self.slots[(tag >> 16) as usize % SLOTS]
     }
 
-    /// Decides for `tag` from its slot: `eval` maps the state to a decision
-    /// and the state to store, which is committed when `commit` is set;
-    /// `cap` is the capacity of the configuration `eval` applies.
+    /// Decides for `tag` from its slot. `step` maps the state to the state
+    /// to store (`None`: nothing changes) and to a function that makes the
+    /// decision; the state is committed when `commit` is set, and `cap` is
+    /// the capacity of the configuration `step` applies. The decision is made
+    /// only once the commit has landed: between reading the state and
+    /// committing, another thread's commit makes this one start over, so that
+    /// span is kept to the arithmetic the next state needs.
     /// Returns `None` when no slot holds `tag`; the caller then takes the
-    /// shard lock. `eval` may run more than once, if another thread commits
+    /// shard lock. `step` may run more than once, if another thread commits
     /// first.
     #[inline]
-    pub(super) fn decide(
+    pub(super) fn decide<D: FnOnce() -> Decision>(
         &self,
         tag: u64,
         cap: f64,
         commit: bool,
-        mut eval: impl FnMut(State) -> Eval,
+        mut step: impl FnMut(State) -> (Option<State>, D),
     ) -> Option<Decision> {
         let slot = self.slot(tag);
         let mut spins = 0;
@@ -184,10 +188,10 @@ impl Hot {
             if slot.seq.load(Ordering::Relaxed) != seq {
                 continue;
             }
-            let ev = eval(state);
-            let next = match ev.next {
+            let (next, decision) = step(state);
+            let next = match next {
                 Some(next) if commit => next,
-                _ => return Some(ev.decision),
+                _ => return Some(decision()),
             };
             // Commits only if nothing was written since the read: the
             // decision was made on the state it replaces.
@@ -202,7 +206,7 @@ impl Hot {
             slot.store(next, cap);
             slot.dirty.store(true, Ordering::Relaxed);
             slot.release(seq);
-            return Some(ev.decision);
+            return Some(decision());
         }
     }
 
@@ -213,16 +217,13 @@ impl Hot {
         let mut out = None;
         self.decide(tag, 0.0, false, |s| {
             out = Some(s);
-            Eval {
-                decision: Decision {
-                    allowed: true,
-                    limit: 0.0,
-                    remaining: 0,
-                    retry_after: None,
-                    reset: 0.0,
-                },
-                next: None,
-            }
+            (None, || Decision {
+                allowed: true,
+                limit: 0.0,
+                remaining: 0,
+                retry_after: None,
+                reset: 0.0,
+            })
         })?;
         out
     }
@@ -296,19 +297,17 @@ mod tests {
         }
     }
 
-    /// An evaluation that takes one token, or denies at zero.
-    fn take_one(s: State) -> Eval {
+    /// A step that takes one token, or denies at zero.
+    fn take_one(s: State) -> (Option<State>, impl FnOnce() -> Decision) {
         let allowed = s.tokens >= 1.0;
-        Eval {
-            decision: Decision {
-                allowed,
-                limit: 0.0,
-                remaining: 0,
-                retry_after: None,
-                reset: 0.0,
-            },
-            next: allowed.then_some(st(s.tokens - 1.0, s.ts.0 + 1)),
-        }
+        let decision = move || Decision {
+            allowed,
+            limit: 0.0,
+            remaining: 0,
+            retry_after: None,
+            reset: 0.0,
+        };
+        (allowed.then_some(st(s.tokens - 1.0, s.ts.0 + 1)), decision)
     }
 
     #[test]

@@ -462,9 +462,12 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         let lane = &self.shards[self.lock_index(fp)].0;
         let tag = hint_tag(fp, op.limit);
-        let eval = |s| algorithm::evaluate(alg, Some(s), offset, now, op.cost, mode.reserve);
+        let step = |s| {
+            let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
+            (p.next(), move || p.decision(alg, now))
+        };
         let cap = alg.capacity();
-        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
+        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
             return Ok(d);
         }
         Ok(self.single_locked(op, mode, lane, (fp, tag), (alg, offset, now)))
@@ -481,7 +484,10 @@ impl<C: Clock> MemoryStore<C> {
         (fp, tag): (u64, u64),
         (alg, offset, now): (&Algorithm, i64, Nanos),
     ) -> Decision {
-        let eval = |s| algorithm::evaluate(alg, Some(s), offset, now, op.cost, mode.reserve);
+        let step = |s| {
+            let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
+            (p.next(), move || p.decision(alg, now))
+        };
         let cap = alg.capacity();
         let (mut guard, contended) = match lane.lock.try_lock() {
             Some(g) => (g, false),
@@ -489,7 +495,7 @@ impl<C: Clock> MemoryStore<C> {
         };
         // Another thread may have moved the key into a slot meanwhile; while
         // the lock is held, none can move it out.
-        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, eval) {
+        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
             return d;
         }
         let shard = &mut *guard;
