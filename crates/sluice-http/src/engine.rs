@@ -137,7 +137,7 @@ pub struct Enforcer<S> {
 struct Meters {
     /// `sluice_decisions_total` by rule: allowed and denied when enforced,
     /// then allowed and denied in shadow mode.
-    decisions: RwLock<HashMap<Box<str>, Arc<[Counter; 4]>>>,
+    decisions: RwLock<HashMap<Box<str>, [Counter; 4]>>,
     /// `sluice_store_seconds` of rules' transactions.
     transact: OnceLock<Histogram>,
     /// `sluice_store_seconds` of named limits' decisions.
@@ -147,29 +147,25 @@ struct Meters {
 impl Meters {
     fn count(&self, rule: &str, mode: RuleMode, allowed: bool) {
         let i = usize::from(!allowed) + 2 * usize::from(mode == RuleMode::Shadow);
-        let known = self
-            .decisions
-            .read()
-            .ok()
-            .and_then(|m| m.get(rule).cloned());
-        let counters = known.unwrap_or_else(|| {
-            let made = Arc::new(
-                [
-                    ("allowed", "enforce"),
-                    ("denied", "enforce"),
-                    ("allowed", "shadow"),
-                    ("denied", "shadow"),
-                ]
-                .map(|(outcome, mode)| {
-                    metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
-                }),
-            );
-            if let Ok(mut m) = self.decisions.write() {
-                m.insert(rule.into(), made.clone());
-            }
-            made
+        if let Ok(m) = self.decisions.read()
+            && let Some(counters) = m.get(rule)
+        {
+            counters[i].increment(1);
+            return;
+        }
+        let counters = [
+            ("allowed", "enforce"),
+            ("denied", "enforce"),
+            ("allowed", "shadow"),
+            ("denied", "shadow"),
+        ]
+        .map(|(outcome, mode)| {
+            metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
         });
         counters[i].increment(1);
+        if let Ok(mut m) = self.decisions.write() {
+            m.insert(rule.into(), counters);
+        }
     }
 
     fn transact(&self) -> &Histogram {
