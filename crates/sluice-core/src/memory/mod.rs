@@ -110,13 +110,34 @@ impl Table {
     }
 }
 
+/// How many recently denied keys a shard remembers.
+const DENIED: usize = 4;
+
 #[derive(Default)]
 struct Shard {
     tables: Vec<Table>,
     len: usize,
+    /// The hot-slot tags of the shard's last few denied keys, oldest
+    /// overwritten first.
+    denied: [u64; DENIED],
+    denied_next: usize,
 }
 
 impl Shard {
+    /// Whether `tag` is among the shard's last few denied keys; if not, it
+    /// is now. A key denied twice in a short while is likely to be asked
+    /// again, the pattern of abuse, and earns a hot slot; a key denied once
+    /// may be one of a stream of distinct keys, each of which would evict the
+    /// slot's key only to be evicted in turn, two table writes a denial.
+    fn denied_again(&mut self, tag: u64) -> bool {
+        if self.denied.contains(&tag) {
+            return true;
+        }
+        self.denied[self.denied_next] = tag;
+        self.denied_next = (self.denied_next + 1) % DENIED;
+        false
+    }
+
     /// The table of `limit`, created on first use. A changed configuration
     /// takes effect at once and keeps the stored tokens.
     fn table(&mut self, limit: &Limit) -> usize {
@@ -517,9 +538,10 @@ impl<C: Clock> MemoryStore<C> {
                 // likely on this very key.
                 (contended || self.heat_all || lane.hot.vacant(tag)).then_some(next)
             }
-            // Only a held key can be denied, and a denied key is likely to be
-            // asked again soon: let the next callers decide without the lock.
-            (None, Some(held)) => Some(held),
+            // Only a held key can be denied. A key denied again is likely to
+            // be asked again soon: let the next callers decide without the
+            // lock.
+            (None, Some(held)) if lane.hot.vacant(tag) || shard.denied_again(tag) => Some(held),
             _ => None,
         };
         if let Some(state) = heat {
@@ -724,5 +746,25 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn decide(&self, op: Op<'_>, mode: Mode) -> Ready<Result<Decision, StoreError>> {
         ready(self.decide_now(op, mode))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_shard_remembers_its_last_few_denied_keys() {
+        let mut shard = Shard::default();
+        // Once is not enough; twice is, while the key is among the last few.
+        assert!(!shard.denied_again(7));
+        assert!(shard.denied_again(7));
+        for tag in 100..100 + DENIED as u64 - 1 {
+            assert!(!shard.denied_again(tag));
+        }
+        assert!(shard.denied_again(7), "{DENIED} keys are remembered");
+        // One more distinct key pushes it out.
+        assert!(!shard.denied_again(200));
+        assert!(!shard.denied_again(7), "only {DENIED} keys are remembered");
     }
 }
