@@ -22,18 +22,21 @@
 //!   keys of `mixed`, which are allowed.
 //!
 //! Every task calls in a loop for a warm-up of 0.5 s and then for the measured
-//! duration, 3 s (`SLUICE_BENCH_SECS` overrides it). Calls that start in the
-//! measured window count: the report has decisions per second, the p50 and
-//! p99 latency of single calls, the allowed share, errors, the CPU time per
-//! decision of redis-server (`INFO cpu`) and of this process (Linux
-//! `/proc/self/task/*/schedstat`) over the window, the throughput ratio
-//! sluice/naive per scenario, and the store's counters over the window.
+//! duration, 3 s (`SLUICE_BENCH_SECS` overrides it); calls that start in the
+//! measured window count. The two sides alternate for 3 rounds
+//! (`SLUICE_BENCH_ROUNDS`), so that a slow patch of a shared machine hits
+//! both, and the ratio compares each side's median round. Each row has
+//! decisions per second, the p50 and p99 latency of single calls, the
+//! allowed share, errors, and CPU time per decision over the window: of
+//! redis-server (`INFO cpu`), of redis-server inside scripts, nested commands
+//! included (`INFO commandstats`), and of this process (Linux
+//! `/proc/self/task/*/schedstat`). Then come the ratios sluice/naive and the
+//! store's counters over the median round.
 //!
 //! Run it with `cargo bench -p sluice-redis --bench store`;
 //! `SLUICE_BENCH_ONLY=mixed` (or `mixed/sluice`) runs one scenario (or one
-//! row). Without `--bench`
-//! on its command line (as under `cargo test --benches`) it makes a short
-//! smoke pass instead.
+//! side of it). Without `--bench` on its command line (as under `cargo test
+//! --benches`) it makes a short smoke pass instead.
 
 // A benchmark binary: a setup failure should abort loudly, and its stdout is
 // its report.
@@ -471,6 +474,32 @@ fn measured_window() -> Duration {
     Duration::from_secs_f64(secs)
 }
 
+/// Rounds per scenario: `SLUICE_BENCH_ROUNDS`, else 3 under `cargo bench`
+/// and 1 for a smoke pass.
+fn rounds() -> usize {
+    match std::env::var("SLUICE_BENCH_ROUNDS") {
+        Ok(s) => s
+            .trim()
+            .parse::<usize>()
+            .ok()
+            .filter(|&n| n > 0)
+            .expect("SLUICE_BENCH_ROUNDS must be a positive whole number"),
+        Err(_) if std::env::args().any(|a| a == "--bench") => 3,
+        Err(_) => 1,
+    }
+}
+
+/// The round with the median throughput (the lower middle one of an even
+/// number), if there was any.
+fn median(mut rows: Vec<Row>) -> Option<Row> {
+    if rows.is_empty() {
+        return None;
+    }
+    rows.sort_by(|a, b| a.per_sec.total_cmp(&b.per_sec));
+    let mid = (rows.len() - 1) / 2;
+    Some(rows.swap_remove(mid))
+}
+
 /// A CPU cost column: µs per decision, or `-` when unmeasured.
 fn cpu(us: Option<f64>) -> String {
     us.map_or_else(|| "-".to_owned(), |us| format!("{us:.2}"))
@@ -508,6 +537,7 @@ fn print_row(row: &Row) {
 
 fn main() {
     let measure = measured_window();
+    let rounds = rounds();
     let only = Only::from_env();
     let server = support::RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -518,7 +548,7 @@ fn main() {
 
     println!(
         "sluice-redis store benchmark: redis-server on port {}, {TASKS} tasks, {WORKERS} \
-         workers, {:.1} s warm-up + {:.1} s measured per row",
+         workers, {:.1} s warm-up + {:.1} s measured per row, {rounds} round(s)",
         server.port(),
         WARM_UP.as_secs_f64(),
         measure.as_secs_f64(),
@@ -546,21 +576,34 @@ fn main() {
         Workload::new("abuse", HOT_SHARE, 10.0),
     ] {
         let work = Arc::new(work);
-        let run_side = |side: Side| {
-            only.runs(work.name, side).then(|| {
-                let row = runtime.block_on(run(&server, &work, side, measure));
-                print_row(&row);
-                row
-            })
-        };
-        let naive = run_side(Side::Naive);
-        let sluice = run_side(Side::Sluice);
+        // Sides alternate, round by round, and each side's median round is
+        // compared: this machine's speed drifts, and a slow patch should hit
+        // both sides alike rather than whichever ran in it.
+        let mut rows: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
+        for _ in 0..rounds {
+            for (i, side) in [Side::Naive, Side::Sluice].into_iter().enumerate() {
+                if only.runs(work.name, side) {
+                    let row = runtime.block_on(run(&server, &work, side, measure));
+                    print_row(&row);
+                    rows[i].push(row);
+                }
+            }
+        }
+        let [naive, sluice] = rows.map(median);
         if let (Some(naive), Some(sluice)) = (naive, sluice) {
             summary.push((naive, sluice));
         }
     }
 
     println!();
+    if rounds > 1 {
+        println!("medians of {rounds} rounds:");
+        for (naive, sluice) in &summary {
+            print_row(naive);
+            print_row(sluice);
+        }
+        println!();
+    }
     for (naive, sluice) in &summary {
         let ratio = if naive.per_sec > 0.0 {
             sluice.per_sec / naive.per_sec
