@@ -105,6 +105,11 @@ impl Verdict {
 /// A policy and a store: decides requests, and takes a new policy at any
 /// time without a pause (a reload swaps it atomically).
 ///
+/// Decisions are counted in `sluice_decisions_total` (by rule, outcome and
+/// mode) and store calls timed in `sluice_store_seconds`, through the
+/// [`metrics`] recorder in place when a rule first decides: install yours
+/// before the first request.
+///
 /// ```
 /// use sluice_core::MemoryStore;
 /// use sluice_http::Enforcer;

@@ -24,8 +24,8 @@
 -- read with one MGET and every key written is written once, at the end,
 -- with its TTL in the same SET. Beyond those, the cost is in calls into C
 -- and in growing tables, so the ops are decoded with one struct call per
--- chunk, tables are created at their final size, and
--- the token bucket's refill is inline.
+-- chunk, tables are created at their final size, and the token bucket's
+-- refill is inline.
 
 local unpack_s, pack_s = struct.unpack, struct.pack
 local call = redis.call
