@@ -141,35 +141,45 @@ pub struct Enforcer<S> {
 #[derive(Default)]
 struct Meters {
     /// `sluice_decisions_total` by rule: allowed and denied when enforced,
-    /// then allowed and denied in shadow mode.
-    decisions: RwLock<HashMap<Box<str>, [Counter; 4]>>,
+    /// then allowed and denied in shadow mode. Each is registered when first
+    /// counted, since an exporter lists every registered series, at 0 too,
+    /// and an enforced rule has no business in the shadow series.
+    decisions: RwLock<HashMap<Box<str>, [OnceLock<Counter>; 4]>>,
     /// `sluice_store_seconds` of rules' transactions.
     transact: OnceLock<Histogram>,
     /// `sluice_store_seconds` of named limits' decisions.
     decide: OnceLock<Histogram>,
 }
 
+/// The `sluice_decisions_total` series of `rule` at index `i` of
+/// [`Meters::decisions`].
+fn decision_counter(rule: &str, i: usize) -> Counter {
+    let outcome = if i.is_multiple_of(2) {
+        "allowed"
+    } else {
+        "denied"
+    };
+    let mode = if i < 2 { "enforce" } else { "shadow" };
+    metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
+}
+
 impl Meters {
     fn count(&self, rule: &str, mode: RuleMode, allowed: bool) {
         let i = usize::from(!allowed) + 2 * usize::from(mode == RuleMode::Shadow);
+        let bump = |counters: &[OnceLock<Counter>; 4]| {
+            counters[i]
+                .get_or_init(|| decision_counter(rule, i))
+                .increment(1);
+        };
         if let Ok(m) = self.decisions.read()
             && let Some(counters) = m.get(rule)
         {
-            counters[i].increment(1);
-            return;
+            return bump(counters);
         }
-        let counters = [
-            ("allowed", "enforce"),
-            ("denied", "enforce"),
-            ("allowed", "shadow"),
-            ("denied", "shadow"),
-        ]
-        .map(|(outcome, mode)| {
-            metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
-        });
-        counters[i].increment(1);
-        if let Ok(mut m) = self.decisions.write() {
-            m.insert(rule.into(), counters);
+        match self.decisions.write() {
+            Ok(mut m) => bump(m.entry(rule.into()).or_default()),
+            // Poisoned: count without keeping the handle.
+            Err(_) => decision_counter(rule, i).increment(1),
         }
     }
 

@@ -103,4 +103,15 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
         Some(2)
     );
     assert_eq!(decisions(&snapshot, ["send", "denied", "enforce"]), Some(1));
+    // A rule has series only for the mode it is in: an exporter would list
+    // a registered series at 0, and wrongly.
+    for [rule, mode] in [
+        ["enforced", "shadow"],
+        ["trial", "enforce"],
+        ["send", "shadow"],
+    ] {
+        for outcome in ["allowed", "denied"] {
+            assert_eq!(decisions(&snapshot, [rule, outcome, mode]), None);
+        }
+    }
 }

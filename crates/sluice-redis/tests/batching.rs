@@ -150,7 +150,11 @@ async fn a_transaction_larger_than_the_scripts_chunks_is_one_decision() {
     const KEYS: usize = 3_500;
     let server = support::RedisServer::start();
     let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
-    let config = RedisConfig::from_url(&server.url()).unwrap();
+    // A debug build encodes and decodes thousands of ops per call: more than
+    // the default 50 ms on a busy machine.
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(5));
     let redis = RedisStore::with_clock(config, clock.clone()).unwrap();
     let memory = sluice_core::MemoryStore::with_clock(clock.clone());
     let limit = Limit::new("wide", TokenBucket::new(1.0, 2.0).unwrap());
@@ -164,7 +168,6 @@ async fn a_transaction_larger_than_the_scripts_chunks_is_one_decision() {
 
     // The first key a second time: it has one token left, so the whole
     // transaction, 3,501 ops, is denied and takes nothing.
-    ops.push(Op::new(&limit, &keys[0], 1.0));
     ops.push(Op::new(&limit, &keys[0], 1.0));
     let denied_r = redis.transact(&ops, Mode::CONSUME).await.unwrap();
     let denied_m = memory.transact(&ops, Mode::CONSUME).await.unwrap();
