@@ -9,7 +9,7 @@
 //! secret key can aim for it); sharing a bucket only ever admits less.
 
 use std::future::{Ready, ready};
-use std::hash::{BuildHasher, RandomState};
+use std::hash::{BuildHasher, Hasher, RandomState};
 
 use parking_lot::{Mutex, MutexGuard};
 use smallvec::SmallVec;
@@ -419,7 +419,11 @@ impl<C: Clock> MemoryStore<C> {
 
     #[inline]
     fn fingerprint(&self, key: &str, shard: u32) -> u64 {
-        let h = self.hasher.hash_one(key);
+        // The key's bytes alone: `str`'s `Hash` also writes a terminator, for
+        // values hashed one after another, which one key does not need.
+        let mut hasher = self.hasher.build_hasher();
+        hasher.write(key.as_bytes());
+        let h = hasher.finish();
         nonzero(if shard == 0 {
             h
         } else {
