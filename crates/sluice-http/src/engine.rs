@@ -252,10 +252,11 @@ impl<S: Store> Enforcer<S> {
         &self.store
     }
 
-    /// Decides `op` on the named limit `name` in `mode`, as the decision API
-    /// does: timed like the rules' store calls, and counted in
-    /// `sluice_decisions_total` under the limit's name (as enforced, since a
-    /// named limit has no mode).
+    /// Decides `op` in `mode`, as the decision API does for a named limit:
+    /// timed like the rules' store calls, and counted in
+    /// `sluice_decisions_total` under the limit's name, as enforced (the
+    /// caller asked for this limit's answer and gets it, whatever the limit's
+    /// `mode` in the policy).
     ///
     /// ```
     /// # use sluice_core::{MemoryStore, Mode, Op};
@@ -267,20 +268,17 @@ impl<S: Store> Enforcer<S> {
     /// let send = policy.named_limit("send").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     /// let op = || Op::new(send.limit(), "alice", 1.0);
-    /// assert!(rt.block_on(e.decide_named("send", op(), Mode::CONSUME)).unwrap().allowed);
-    /// assert!(!rt.block_on(e.decide_named("send", op(), Mode::CONSUME)).unwrap().allowed);
+    /// assert!(rt.block_on(e.decide_named(op(), Mode::CONSUME)).unwrap().allowed);
+    /// assert!(!rt.block_on(e.decide_named(op(), Mode::CONSUME)).unwrap().allowed);
     /// ```
-    pub async fn decide_named(
-        &self,
-        name: &str,
-        op: Op<'_>,
-        mode: Mode,
-    ) -> Result<Decision, StoreError> {
+    pub async fn decide_named(&self, op: Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
+        let limit = op.limit;
         let started = Instant::now();
         let result = self.store.decide(op, mode).await;
         self.meters.decide().record(started.elapsed().as_secs_f64());
         if let Ok(d) = &result {
-            self.meters.count(name, RuleMode::Enforce, d.allowed);
+            self.meters
+                .count(limit.name(), RuleMode::Enforce, d.allowed);
         }
         result
     }

@@ -64,7 +64,7 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
         let send = policy.named_limit("send").unwrap();
         for _ in 0..3 {
             let op = Op::new(send.limit(), "alice", 1.0);
-            rt.block_on(enforcer.decide_named("send", op, Mode::CONSUME))
+            rt.block_on(enforcer.decide_named(op, Mode::CONSUME))
                 .unwrap();
         }
     });

@@ -183,7 +183,7 @@ async fn call<C: Clock + Send + Sync>(
         (true, false) => Mode::CONSUME,
     };
     let op = Op::new(named.limit(), &call.key, call.count);
-    match state.enforcer.decide_named(named.name(), op, mode).await {
+    match state.enforcer.decide_named(op, mode).await {
         Ok(d) => answer(d),
         Err(e) => store_failed(&e),
     }
