@@ -83,6 +83,29 @@ async fn keys_expire_when_full_again_and_always_have_a_ttl() {
     }
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bucket_that_refills_over_millennia_still_gets_a_ttl() {
+    let _alone = ALONE.lock().await;
+    let server = RedisServer::start();
+    let store = store(&server);
+    // A token every 10^14 s: the one taken refills in about 3 million
+    // years, a TTL in milliseconds too large for Redis's clock.
+    let limit = Limit::new("glacial", TokenBucket::new(1e-14, 2.0).unwrap());
+    for expected in [true, true, false] {
+        let d = store
+            .decide(Op::new(&limit, "u", 1.0), Mode::CONSUME)
+            .await
+            .unwrap();
+        assert_eq!(d.allowed, expected);
+    }
+    let pttl = int_reply(&command(server.port(), &["PTTL", "sluice:{u}:glacial"]).unwrap());
+    // Capped at 10^15 ms, some 31,700 years.
+    assert!(
+        (999_999_999_000_000..=1_000_000_000_000_000).contains(&pttl),
+        "PTTL {pttl}"
+    );
+}
+
 /// What the callers have done so far, and when to stop.
 #[derive(Default)]
 struct Progress {

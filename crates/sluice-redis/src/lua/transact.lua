@@ -22,10 +22,11 @@
 --
 -- Speed matters here, since Redis runs it on its one thread. Every key is
 -- read with one MGET and every key written is written once, at the end,
--- with its TTL in the same SET. Beyond those, the cost is in calls into C
--- and in growing tables, so the ops are decoded with one struct call per
--- chunk, tables are created at their final size, and the token bucket's
--- refill is inline.
+-- with its TTL in the same SET. Beyond those, the cost is in calls into C,
+-- in new strings and in growing tables, so the ops are decoded with one
+-- struct call per chunk, tables are created at their final size, the token
+-- bucket's refill is inline, a state read and not yet changed is returned
+-- as the very string MGET gave, and TTLs are passed as text (see ttl_text).
 
 local unpack_s, pack_s = struct.unpack, struct.pack
 local call = redis.call
@@ -65,9 +66,10 @@ do
   end
 end
 
--- Every state, read at once: tok[k] is false for a missing key.
+-- Every state, read at once: tok[k] is false for a missing key, and raw[k]
+-- is the value as read, while no transaction has changed it.
 local nkeys = #keys
-local tok, tsv, wlim = sized(nkeys), sized(nkeys), sized(nkeys)
+local tok, tsv, wlim, raw = sized(nkeys), sized(nkeys), sized(nkeys), sized(nkeys)
 do
   local i = 1
   while i <= nkeys do
@@ -78,6 +80,7 @@ do
       local v = vals[k - i + 1]
       if v then
         tok[k], tsv[k] = unpack_s('<dd', v)
+        if #v == 16 then raw[k] = v end
       else
         tok[k] = false
       end
@@ -150,9 +153,11 @@ local function commit(k, t, ts, l)
     tok[k], tsv[k] = t, ts
   end
   wlim[k] = l
+  raw[k] = false
 end
 
 local PICK = {[0] = '\0', [1] = '\1'}
+local SAW = {[0] = '\2', [1] = '\3'}
 local out, nout = {}, 0
 -- Per transaction: where its verdict byte is, whether it still holds, and
 -- (several ops only) its pending writes, which its own later ops see.
@@ -176,8 +181,8 @@ for i = 0, nops - 1 do
   end
 
   local k, pick = a, 0
-  local st, sts
-  if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts = tok[a], tsv[a] end
+  local st, sts, seen
+  if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
   local avail, ts
   if kind[l] == 1 then
     if st then
@@ -193,11 +198,11 @@ for i = 0, nops - 1 do
     avail, ts = advance(l, st, sts, ops[f + 6])
   end
   if b ~= a then
-    local sb, sbts
-    if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts = tok[b], tsv[b] end
+    local sb, sbts, seenb
+    if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
     local availb, tsb = advance(l, sb, sbts, ops[f + 6])
     if availb > avail then
-      k, pick, st, sts, avail, ts = b, 1, sb, sbts, availb, tsb
+      k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
     end
   end
 
@@ -221,7 +226,11 @@ for i = 0, nops - 1 do
   end
 
   nout = nout + 1
-  if st then
+  if seen then
+    out[nout] = SAW[pick]
+    nout = nout + 1
+    out[nout] = seen
+  elseif st then
     out[nout] = pack_s('<Bdd', pick + 2, st, sts)
   else
     out[nout] = PICK[pick]
@@ -237,6 +246,18 @@ for i = 0, nops - 1 do
       end
     end
   end
+end
+
+-- Redis formats a number argument with snprintf's %.17g, which costs a third
+-- as much as the SET itself, so a TTL goes as text instead, made once per
+-- distinct value in a call (the keys of a limit tend to share a few).
+-- Redis refuses a TTL it cannot add to its clock, so one past 10^15 ms
+-- (31,700 years) is cut to that.
+local ttl_texts = {}
+local function ttl_text(ms)
+  local text = string.format('%d', ms < 1e15 and ms or 1e15)
+  ttl_texts[ms] = text
+  return text
 end
 
 -- The writes: each key once, with the TTL until it is full again.
@@ -261,7 +282,7 @@ for k = 1, nkeys do
       local x = ((ts - now) * unit + span) / 1000000
       local ms = x - x % 1 + 2
       if ms < min_ttl then ms = min_ttl end
-      call('SET', keys[k], pack_s('<dd', t, ts), 'PX', ms)
+      call('SET', keys[k], pack_s('<dd', t, ts), 'PX', ttl_texts[ms] or ttl_text(ms))
     else
       ndels = ndels + 1
       dels[ndels] = keys[k]
