@@ -94,7 +94,7 @@ pub enum StoreConfig {
         /// The most keys kept before evicting; `None` leaves it to the store.
         max_keys: Option<usize>,
     },
-    /// A Redis server (not used yet; parsed so that policies can name it).
+    /// A Redis server or cluster.
     Redis {
         /// `redis://` or `rediss://` URL.
         url: String,

@@ -9,7 +9,7 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use sluice_core::Store;
 use sluice_http::Enforcer;
-use sluice_policy::Policy;
+use sluice_policy::{Policy, StoreConfig};
 
 /// How often the policy file is looked at for changes.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
@@ -61,14 +61,31 @@ pub(crate) async fn watch(
 
 /// Puts `text` in force if it is a valid policy; otherwise keeps the old
 /// one and says why on `/readyz`, in the logs and in a metric.
+///
+/// The store is opened once, at start-up, so a new `store` section cannot
+/// take effect. `running` is the section the store was opened from (`None`
+/// when `--store` chose it); when the new policy names another, the rest of
+/// it is put in force, and a warning and the
+/// `sluice_policy_store_restart_pending` gauge say a restart is needed.
 pub(crate) fn reload<S: Store>(
     path: &Path,
     text: &str,
     enforcer: &Enforcer<S>,
     error: &ArcSwapOption<String>,
+    running: Option<&StoreConfig>,
 ) {
     match Policy::from_str(text, path) {
         Ok(policy) => {
+            let pending = running.is_some_and(|r| r != policy.store());
+            ::metrics::gauge!("sluice_policy_store_restart_pending")
+                .set(f64::from(u8::from(pending)));
+            if pending {
+                tracing::warn!(
+                    path = %path.display(),
+                    "the policy names a different store; the store is opened at start-up, so \
+                     this store keeps serving until a restart"
+                );
+            }
             enforcer.replace(policy);
             error.store(None);
             ::metrics::counter!("sluice_policy_reloads_total", "result" => "ok").increment(1);

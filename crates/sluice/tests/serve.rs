@@ -312,6 +312,48 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
     assert_eq!(body["limit"], 50);
 
     let metrics = get_text(&client, &format!("{base}/metrics")).await;
+    assert_eq!(
+        metric(&metrics, "sluice_policy_store_restart_pending"),
+        Some(0.0),
+        "{metrics}"
+    );
+
+    // A policy naming another store: its limits take effect, the store in
+    // use stays, and a gauge says a restart is pending until a policy names
+    // the running store again.
+    let pending = async |want: f64| {
+        let text = get_text(&client, &format!("{base}/metrics")).await;
+        metric(&text, "sluice_policy_store_restart_pending") == Some(want)
+    };
+    let elsewhere = format!(
+        "store: {{kind: redis, url: \"redis://127.0.0.1:{}\"}}\n{}",
+        free_port(),
+        POLICY.replace("burst: 2, max_reserved: 5", "burst: 60")
+    );
+    std::fs::write(&path, elsewhere).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the store change to show",
+        async || pending(1.0).await,
+    )
+    .await;
+    assert_eq!(ready().await, Some(200));
+    let res = limit("newer", 55).await.unwrap();
+    assert_eq!(res.status(), 200, "the memory store answers");
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(
+        (body["limit"].as_f64(), body["remaining"].as_f64()),
+        (Some(60.0), Some(5.0))
+    );
+    std::fs::write(&path, POLICY).unwrap();
+    eventually(
+        Duration::from_secs(10),
+        "the pending restart to clear",
+        async || pending(0.0).await,
+    )
+    .await;
+
+    let metrics = get_text(&client, &format!("{base}/metrics")).await;
     assert!(
         metrics.contains("sluice_policy_reloads_total{result=\"error\"} 1"),
         "{metrics}"

@@ -128,13 +128,15 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let store = AnyStore::open(args.store.as_deref(), policy.store())?;
+        // What a reloaded policy's `store` is compared with.
+        let running = args.store.is_none().then(|| policy.store().clone());
         let enforcer = Arc::new(Enforcer::new(policy, store));
         let reload_error = Arc::new(arc_swap::ArcSwapOption::empty());
         {
             let enforcer = Arc::clone(&enforcer);
             let reload_error = Arc::clone(&reload_error);
             tokio::spawn(crate::reload::watch(path, text, move |path, text| {
-                crate::reload::reload(path, text, &enforcer, &reload_error);
+                crate::reload::reload(path, text, &enforcer, &reload_error, running.as_ref());
             }));
         }
         let listener = TcpListener::bind(args.listen)

@@ -43,6 +43,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         .build()?;
     runtime.block_on(async move {
         let store = AnyStore::open(args.store.as_deref(), policy.store())?;
+        // What a reloaded policy's `store` is compared with.
+        let running = args.store.is_none().then(|| policy.store().clone());
         let state = Arc::new(AppState {
             enforcer: Arc::new(Enforcer::new(policy, store)),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
@@ -52,7 +54,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         if let Some(path) = args.policy.clone() {
             let state = Arc::clone(&state);
             tokio::spawn(crate::reload::watch(path, text, move |path, text| {
-                crate::reload::reload(path, text, &state.enforcer, &state.reload_error);
+                let running = running.as_ref();
+                crate::reload::reload(path, text, &state.enforcer, &state.reload_error, running);
             }));
         }
         let listener = TcpListener::bind(args.http)
