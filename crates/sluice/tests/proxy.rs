@@ -71,6 +71,8 @@ struct Seen {
     ports: Mutex<HashSet<u16>>,
     /// Receives the first chunk of a `/stream-in` body.
     first_chunk: Mutex<Option<oneshot::Sender<Bytes>>>,
+    /// Receives how a `/stream-in` body ended: whole, or broken off.
+    body_end: Mutex<Option<oneshot::Sender<Result<Bytes, String>>>>,
     /// The body `/stream-out` answers with.
     stream_out: Mutex<Option<mpsc::Receiver<Bytes>>>,
     /// `/gate` answers once this resolves; `arrived` says it is waiting.
@@ -141,7 +143,21 @@ async fn stream_in(State(seen): State<Arc<Seen>>, req: Request) -> String {
     if let Some(tx) = seen.first_chunk.lock().unwrap().take() {
         let _ = tx.send(first.clone());
     }
-    let rest = body.collect().await.unwrap().to_bytes();
+    let rest = body.collect().await.map(|b| b.to_bytes());
+    let end = seen.body_end.lock().unwrap().take();
+    let rest = match (rest, end) {
+        (Ok(rest), end) => {
+            if let Some(tx) = end {
+                let _ = tx.send(Ok(rest.clone()));
+            }
+            rest
+        }
+        (Err(e), Some(tx)) => {
+            let _ = tx.send(Err(e.to_string()));
+            return String::new();
+        }
+        (Err(e), None) => panic!("a /stream-in body broke off: {e}"),
+    };
     format!(
         "{}{}",
         String::from_utf8_lossy(&first),
@@ -267,11 +283,15 @@ impl Proxy {
 }
 
 async fn start_proxy(policy: &str, upstream: &str, timeout: Duration) -> Proxy {
+    let upstream = Upstream::parse(upstream).unwrap().with_timeout(timeout);
+    start_proxy_to(policy, upstream).await
+}
+
+async fn start_proxy_to(policy: &str, upstream: Upstream) -> Proxy {
     let policy = Policy::from_str(policy, "policy.yaml").unwrap();
     let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let upstream = Upstream::parse(upstream).unwrap().with_timeout(timeout);
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(proxy(listener, enforcer, upstream, async move {
         let _ = rx.await;
@@ -829,6 +849,56 @@ async fn a_slow_upstream_is_a_504_problem() {
     raw.send(b"7\r\n upload\r\n0\r\n\r\n").await;
     let (status, _, body) = raw.response().await;
     assert_eq!((status, body.as_slice()), (200, &b"slow upload"[..]));
+}
+
+#[tokio::test]
+async fn a_stalled_request_body_is_a_408_problem_and_breaks_off_upstream() {
+    let (up, seen) = start_upstream().await;
+    let stall = Duration::from_millis(300);
+    let upstream = Upstream::parse(&format!("http://{up}"))
+        .unwrap()
+        .with_body_timeout(stall);
+    let p = start_proxy_to(GENEROUS, upstream).await;
+
+    // A client that pauses for less than the body timeout between chunks
+    // is not cut off, however long the whole upload takes.
+    let (tx, end) = oneshot::channel();
+    *seen.body_end.lock().unwrap() = Some(tx);
+    let mut raw = Raw::connect(p.addr).await;
+    raw.send(b"POST /stream-in HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n")
+        .await;
+    for chunk in ["1\r\na\r\n", "1\r\nb\r\n", "1\r\nc\r\n", "1\r\nd\r\n"] {
+        raw.send(chunk.as_bytes()).await;
+        // Not synchronisation: the client really is this slow.
+        tokio::time::sleep(stall / 2).await;
+    }
+    raw.send(b"0\r\n\r\n").await;
+    let (status, _, body) = raw.response().await;
+    assert_eq!((status, body.as_slice()), (200, &b"abcd"[..]));
+    assert_eq!(end.await.unwrap().unwrap(), &b"bcd"[..]);
+
+    // One that stops sending gets a 408, and the upstream sees the body
+    // break off rather than end: it must not take a truncated body as whole.
+    let (tx, end) = oneshot::channel();
+    *seen.body_end.lock().unwrap() = Some(tx);
+    let mut raw = Raw::connect(p.addr).await;
+    let started = Instant::now();
+    raw.send(b"POST /stream-in HTTP/1.1\r\nHost: x\r\nContent-Length: 10\r\n\r\nslow")
+        .await;
+    let (status, headers, body) = tokio::time::timeout(PATIENCE, raw.response())
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert_eq!(status, 408, "{}", String::from_utf8_lossy(&body));
+    assert!(headers.contains(&("content-type".into(), "application/problem+json".into())));
+    let problem: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["status"], 408, "{problem}");
+    assert!(took >= stall && took < PATIENCE, "answered after {took:?}");
+    let upstream_saw = tokio::time::timeout(PATIENCE, end).await.unwrap().unwrap();
+    assert!(
+        upstream_saw.is_err(),
+        "the upstream took {upstream_saw:?} as a whole body"
+    );
 }
 
 #[tokio::test]

@@ -131,7 +131,7 @@ impl<S: Store + 'static> Forward<S> {
         let trusted = peer.is_some_and(|p| self.enforcer.policy().trusted_proxies().contains(p));
         add_forwarded(&mut headers, peer, host.as_ref(), trusted);
 
-        let (body, sent) = SentBody::new(body);
+        let (body, sent) = SentBody::new(body, self.upstream.body_timeout());
         let mut out = Request::new(body);
         *out.method_mut() = parts.method;
         *out.uri_mut() = uri;
@@ -194,6 +194,14 @@ impl<S: Store + 'static> Forward<S> {
             Some(Err(e)) if e.is_connect() => {
                 upstream_error("connect", &e);
                 problem(StatusCode::BAD_GATEWAY, "the upstream could not be reached")
+            }
+            Some(Err(e)) if stalled(&e) => {
+                ::metrics::counter!("sluice_proxy_body_timeouts_total").increment(1);
+                tracing::debug!(error = %chain(&e), "request body stalled");
+                problem(
+                    StatusCode::REQUEST_TIMEOUT,
+                    "the request body stopped arriving for longer than the proxy waits",
+                )
             }
             Some(Err(e)) => {
                 upstream_error("protocol", &e);
@@ -286,18 +294,32 @@ fn chain(e: &dyn std::error::Error) -> String {
     out
 }
 
-/// Whether the connector gave up waiting, rather than being refused.
-fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether `e` or one of its causes satisfies `is`.
+fn caused_by(
+    e: &(dyn std::error::Error + 'static),
+    is: impl Fn(&(dyn std::error::Error + 'static)) -> bool,
+) -> bool {
     let mut source = Some(e);
     while let Some(s) = source {
-        if let Some(io) = s.downcast_ref::<std::io::Error>()
-            && io.kind() == std::io::ErrorKind::TimedOut
-        {
+        if is(s) {
             return true;
         }
         source = s.source();
     }
     false
+}
+
+/// Whether the connector gave up waiting, rather than being refused.
+fn timed_out(e: &(dyn std::error::Error + 'static)) -> bool {
+    caused_by(e, |s| {
+        s.downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
+    })
+}
+
+/// Whether the request failed because the client's body stalled.
+fn stalled(e: &(dyn std::error::Error + 'static)) -> bool {
+    caused_by(e, |s| s.is::<BodyStalled>())
 }
 
 /// Removes the headers that describe one connection rather than the
@@ -408,38 +430,71 @@ pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
 
 /// A request body on its way upstream, which says when it has all been
 /// sent (or abandoned), so that the upstream's time to answer is counted
-/// from then and a slow upload is never mistaken for a slow upstream.
+/// from then and a slow upload is never mistaken for a slow upstream; and
+/// which fails with [`BodyStalled`] when the client pauses too long.
 pub(crate) struct SentBody {
     inner: Incoming,
     /// Dropped, waking the receiver, once the body is finished.
     sent: Option<oneshot::Sender<()>>,
+    /// The longest pause allowed between two frames.
+    idle: Duration,
+    /// Armed while a frame is awaited.
+    stall: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
+/// The client sent no request body data for the body timeout.
+#[derive(Debug)]
+pub(crate) struct BodyStalled(Duration);
+
+impl std::fmt::Display for BodyStalled {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "no request body data for {:?}", self.0)
+    }
+}
+
+impl std::error::Error for BodyStalled {}
+
 impl SentBody {
-    fn new(inner: Incoming) -> (SentBody, oneshot::Receiver<()>) {
+    fn new(inner: Incoming, idle: Duration) -> (SentBody, oneshot::Receiver<()>) {
         let (tx, rx) = oneshot::channel();
         // An empty body may never be polled at all.
         let sent = (!inner.is_end_stream()).then_some(tx);
-        (SentBody { inner, sent }, rx)
+        let body = SentBody {
+            inner,
+            sent,
+            idle,
+            stall: None,
+        };
+        (body, rx)
     }
 }
 
 impl Body for SentBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, hyper::Error>>> {
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = &mut *self;
-        let frame = ready!(Pin::new(&mut this.inner).poll_frame(cx));
+        let Poll::Ready(frame) = Pin::new(&mut this.inner).poll_frame(cx) else {
+            let idle = this.idle;
+            let stall = this
+                .stall
+                .get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+            ready!(stall.as_mut().poll(cx));
+            this.stall = None;
+            this.sent = None;
+            return Poll::Ready(Some(Err(Box::new(BodyStalled(idle)))));
+        };
+        this.stall = None;
         // A body of known length ends with its last frame: hyper does not
         // poll it again for the `None`.
         if !matches!(frame, Some(Ok(_))) || this.inner.is_end_stream() {
             this.sent = None;
         }
-        Poll::Ready(frame)
+        Poll::Ready(frame.map(|f| f.map_err(Into::into)))
     }
 
     fn is_end_stream(&self) -> bool {

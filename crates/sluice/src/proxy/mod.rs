@@ -29,7 +29,8 @@
 //!
 //! When the upstream refuses connections or breaks off, the client gets a
 //! 502; when it takes longer than the timeout to start its response, a
-//! 504; both as `application/problem+json`.
+//! 504; when the client stops sending a request body for longer than the
+//! body timeout, a 408; all as `application/problem+json`.
 
 mod admin;
 mod forward;
@@ -53,7 +54,7 @@ use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
-pub use upstream::{DEFAULT_TIMEOUT, Upstream, UpstreamError};
+pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
 use crate::serve::{AnyStore, Metrics};
 
@@ -87,6 +88,11 @@ pub struct ProxyArgs {
     /// it the client gets a 504.
     #[arg(long, default_value = "30s", value_parser = parse_duration)]
     pub(crate) upstream_timeout: Duration,
+    /// How long a client may pause while sending a request body, e.g.
+    /// `60s`; past it the request is abandoned with a 408, so that a slow
+    /// sender cannot hold an upstream connection indefinitely.
+    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    pub(crate) body_timeout: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
     /// is no admin listener.
     #[arg(long)]
@@ -118,7 +124,9 @@ fn parse_duration(s: &str) -> Result<Duration, String> {
 
 pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
     crate::serve::init_logs();
-    let upstream = Upstream::parse(&args.upstream)?.with_timeout(args.upstream_timeout);
+    let upstream = Upstream::parse(&args.upstream)?
+        .with_timeout(args.upstream_timeout)
+        .with_body_timeout(args.body_timeout);
     let path = args.policy;
     let text = std::fs::read_to_string(&path)
         .with_context(|| format!("{}: cannot read the policy file", path.display()))?;

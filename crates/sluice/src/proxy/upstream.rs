@@ -12,6 +12,10 @@ use http::uri::{Authority, PathAndQuery, Scheme};
 /// request has been sent (see [`Upstream::with_timeout`]).
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// How long, by default, a client may pause while sending a request body
+/// (see [`Upstream::with_body_timeout`]).
+pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
+
 /// The upstream of a proxy: `http://host:port`, optionally followed by a
 /// base path that every forwarded path is appended to.
 ///
@@ -28,6 +32,7 @@ pub struct Upstream {
     /// The base path without its trailing slash: empty, or `/seg/...`.
     base: String,
     timeout: Duration,
+    body_timeout: Duration,
 }
 
 /// Why an upstream URL was refused.
@@ -130,6 +135,7 @@ impl Upstream {
             authority,
             base: uri.path().trim_end_matches('/').to_owned(),
             timeout: DEFAULT_TIMEOUT,
+            body_timeout: DEFAULT_BODY_TIMEOUT,
         })
     }
 
@@ -153,6 +159,31 @@ impl Upstream {
     /// How long the upstream has to start a response.
     pub fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    /// The same upstream, with requests whose body stalls for `timeout`
+    /// (no data from the client for that long) abandoned: the client gets a
+    /// 408, and the upstream connection, which is mid-request, is closed.
+    /// Without it a client could hold an upstream connection open for as
+    /// long as it liked by sending a body slowly.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice::proxy::{DEFAULT_BODY_TIMEOUT, Upstream};
+    /// let up = Upstream::parse("http://localhost:80").unwrap();
+    /// assert_eq!(up.body_timeout(), DEFAULT_BODY_TIMEOUT);
+    /// let up = up.with_body_timeout(Duration::from_secs(5));
+    /// assert_eq!(up.body_timeout(), Duration::from_secs(5));
+    /// ```
+    #[must_use]
+    pub fn with_body_timeout(mut self, timeout: Duration) -> Upstream {
+        self.body_timeout = timeout;
+        self
+    }
+
+    /// How long a client may pause while sending a request body.
+    pub fn body_timeout(&self) -> Duration {
+        self.body_timeout
     }
 
     /// The upstream URI of a request whose target was `original`: the base
