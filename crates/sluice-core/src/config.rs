@@ -298,22 +298,32 @@ impl Algorithm {
         }
     }
 
-    /// The largest cost that can ever succeed: the capacity, plus
-    /// `max_reserved` when reserving (unbounded when it is absent).
+    /// The largest cost a call may ask for; above it the cost is an error
+    /// rather than a denial. DESIGN.md sets it at the capacity plus
+    /// `max_reserved`, for a call that reserves or not: below it, a call
+    /// that does not reserve is decided by the formula (denied, with the
+    /// `retry_after` the formula gives). Without `max_reserved`, a
+    /// reservation of any size may succeed, and a call that does not
+    /// reserve can never take more than the capacity.
     ///
     /// ```
     /// use sluice_core::{Algorithm, TokenBucket};
-    /// let a = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap().with_max_reserved(2.0).unwrap());
-    /// assert_eq!(a.max_cost(false), 5.0);
+    /// let tb = TokenBucket::new(1.0, 5.0).unwrap();
+    /// let a = Algorithm::from(tb.with_max_reserved(2.0).unwrap());
+    /// assert_eq!(a.max_cost(false), 7.0);
     /// assert_eq!(a.max_cost(true), 7.0);
+    /// let unbounded = Algorithm::from(tb);
+    /// assert_eq!(unbounded.max_cost(false), 5.0);
+    /// assert_eq!(unbounded.max_cost(true), f64::INFINITY);
     /// ```
     #[inline]
     pub fn max_cost(&self, reserve: bool) -> f64 {
-        if reserve {
-            self.capacity() + self.max_reserved().unwrap_or(f64::INFINITY)
-        } else {
-            self.capacity()
-        }
+        let reserved = match self.max_reserved() {
+            Some(m) => m,
+            None if reserve => f64::INFINITY,
+            None => 0.0,
+        };
+        self.capacity() + reserved
     }
 
     /// The same algorithm with rate, capacity and `max_reserved` divided by `n`.

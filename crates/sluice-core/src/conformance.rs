@@ -231,23 +231,37 @@ pub async fn reset_and_value<St: Store>(store: &St, clock: &FakeClock) {
     assert!(one(store, &l, "k", 4.0, Mode::CONSUME).await.allowed);
 }
 
-/// A cost that can never succeed is an error, not a denial.
+/// A cost above burst + max_reserved is an error, not a denial; up to it,
+/// the formula decides.
 pub async fn impossible_and_invalid_costs<St: Store>(store: &St, _clock: &FakeClock) {
     let l = Limit::new("conf-cost", tb(1.0, 2.0).with_max_reserved(1.0).unwrap());
     let err = |r: Result<Decision, StoreError>| match r {
         Err(StoreError::Cost(c)) => c,
         other => panic!("expected a cost error, got {other:?}"),
     };
-    let e = err(store.decide(Op::new(&l, "k", 2.5), Mode::CONSUME).await);
-    assert!(matches!(e, CostError::Impossible { .. }));
-    assert!(
-        store
-            .decide(Op::new(&l, "k", 2.5), Mode::RESERVE)
-            .await
-            .is_ok()
-    );
-    let e = err(store.decide(Op::new(&l, "k", 3.5), Mode::RESERVE).await);
-    assert!(matches!(e, CostError::Impossible { .. }));
+    for mode in [Mode::CONSUME, Mode::RESERVE] {
+        let e = err(store.decide(Op::new(&l, "k", 3.5), mode).await);
+        assert!(matches!(e, CostError::Impossible { max, .. } if max == 3.0));
+    }
+    let d = store
+        .decide(Op::new(&l, "k", 2.5), Mode::CONSUME)
+        .await
+        .unwrap();
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(0.5));
+    let d = store
+        .decide(Op::new(&l, "k", 2.5), Mode::RESERVE)
+        .await
+        .unwrap();
+    assert!(d.allowed);
+    assert_eq!(d.retry_after, Some(0.5));
+    // Without max_reserved, a call that does not reserve can never take
+    // more than the burst.
+    let unbounded = Limit::new("conf-cost-unbounded", tb(1.0, 2.0));
+    let e = err(store
+        .decide(Op::new(&unbounded, "k", 2.5), Mode::CONSUME)
+        .await);
+    assert!(matches!(e, CostError::Impossible { max, .. } if max == 2.0));
     for bad in [f64::NAN, -1.0, f64::INFINITY] {
         let e = err(store.decide(Op::new(&l, "k", bad), Mode::CONSUME).await);
         assert!(matches!(e, CostError::Invalid(_)));

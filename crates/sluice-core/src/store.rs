@@ -16,16 +16,18 @@ pub enum CostError {
     /// Costs must be finite and ≥ 0 (0 is a check).
     #[error("cost must be a finite number >= 0, got {0}")]
     Invalid(f64),
-    /// The cost exceeds what the limit could ever admit.
+    /// The cost exceeds the most a call may ask of the limit (see
+    /// [`Algorithm::max_cost`](crate::Algorithm::max_cost)).
     #[error(
-        "cost {cost} can never succeed on limit {limit:?}: the most it admits at once is {max}"
+        "cost {cost} can never succeed on limit {limit:?}: the most a call may ask for is {max}"
     )]
     Impossible {
         /// The limit's name.
         limit: String,
         /// The cost asked for.
         cost: f64,
-        /// Capacity plus `max_reserved` (when reserving).
+        /// Capacity plus `max_reserved` (plus nothing, or without bound
+        /// when reserving, when there is no `max_reserved`).
         max: f64,
     },
 }

@@ -220,21 +220,37 @@ fn reserving_is_opt_in() {
 }
 
 #[test]
-fn a_cost_that_can_never_succeed_is_an_error() {
+fn a_cost_above_burst_plus_max_reserved_is_an_error() {
     let h = H::new();
     let l = tb_reserved(1.0, 2.0, 3.0);
     let op = |c| [Op::new(&l, "k", c)];
-    let err = h.store.transact_now(&op(2.5), Mode::CONSUME).unwrap_err();
-    assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 2.0));
-    let err = h.store.transact_now(&op(5.5), Mode::RESERVE).unwrap_err();
-    assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 5.0));
-    assert!(h.store.transact_now(&op(5.0), Mode::RESERVE).is_ok());
+    // Above burst + max_reserved, in either mode.
+    for mode in [Mode::CONSUME, Mode::RESERVE, Mode::CHECK] {
+        let err = h.store.transact_now(&op(5.5), mode).unwrap_err();
+        assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 5.0));
+    }
+    // Up to it, the formula decides: without reserving, a denial with
+    // retry_after = (cost - available) / rate, and nothing taken.
+    let d = h.take(&l, 2.5);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(0.5));
+    assert_eq!((d.remaining, d.reset), (2, 0.0));
+    assert_eq!(h.tokens(&l), 2.0);
+    let d = h.reserve(&l, 5.0);
+    assert!(d.allowed);
+    assert_eq!(d.retry_after, Some(3.0));
     for bad in [-1.0, f64::NAN, f64::INFINITY] {
         let err = h.store.transact_now(&op(bad), Mode::CONSUME).unwrap_err();
         assert!(matches!(err, StoreError::Cost(CostError::Invalid(_))));
     }
-    // Without max_reserved a reservation of any size may succeed.
+    // Without max_reserved a reservation of any size may succeed, and a
+    // call that does not reserve can never take more than the burst.
     let unbounded = tb(1.0, 2.0);
+    let err = h
+        .store
+        .transact_now(&[Op::new(&unbounded, "k", 2.5)], Mode::CONSUME)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 2.0));
     assert!(h.reserve(&unbounded, 1e6).allowed);
 }
 
