@@ -79,10 +79,12 @@ impl<'a> HttpRequest<'a> {
     pub fn new<B>(req: &'a http::Request<B>, peer: Option<IpAddr>, policy: &Policy) -> Self {
         let headers = req.headers();
         let ip = peer.map(|p| {
+            let forwarded = forwarding(headers, &FORWARDED);
+            let x_forwarded_for = forwarding(headers, &X_FORWARDED_FOR);
             policy.trusted_proxies().client_ip(
                 p,
-                all(headers, &FORWARDED),
-                all(headers, &http::HeaderName::from_static("x-forwarded-for")),
+                forwarded.iter().map(AsRef::as_ref),
+                x_forwarded_for.iter().map(AsRef::as_ref),
             )
         });
         let uri = req.uri();
@@ -100,12 +102,18 @@ impl<'a> HttpRequest<'a> {
     }
 }
 
-/// Every value of a header that is valid text.
-fn all<'h>(headers: &'h HeaderMap, name: &http::HeaderName) -> impl Iterator<Item = &'h str> {
+const X_FORWARDED_FOR: http::HeaderName = http::HeaderName::from_static("x-forwarded-for");
+
+/// Every value of a forwarding header, as text. A byte that is not text
+/// becomes U+FFFD and spoils only the hop it is in: dropping the whole line
+/// instead would let a client hide the entry a trusted proxy appended to
+/// it, by sending one bad byte ahead of it.
+fn forwarding<'h>(headers: &'h HeaderMap, name: &http::HeaderName) -> Vec<Cow<'h, str>> {
     headers
         .get_all(name)
         .into_iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(|v| String::from_utf8_lossy(v.as_bytes()))
+        .collect()
 }
 
 /// `host:port` → `host`, leaving bracketed IPv6 literals whole.

@@ -258,6 +258,46 @@ async fn a_trusted_proxy_forwards_its_clients_addresses() {
     }
 }
 
+#[tokio::test]
+async fn a_client_behind_a_trusted_proxy_cannot_pick_its_key_with_the_other_header() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let app = app(&clock);
+    let want = |i: usize| {
+        if i < 2 {
+            StatusCode::OK
+        } else {
+            StatusCode::TOO_MANY_REQUESTS
+        }
+    };
+    // The proxy appends to X-Forwarded-For; the client rotates a Forwarded
+    // of its own, which the proxy passes on untouched.
+    for i in 0..3 {
+        let res = send(
+            &app,
+            req("/ip", "10.0.0.1")
+                .header("x-forwarded-for", "198.51.100.20")
+                .header("forwarded", format!("for=192.0.2.{i}")),
+        )
+        .await;
+        assert_eq!(res.status(), want(i), "request {i}");
+    }
+    // A byte that is not text, ahead of the entry a proxy appended, spoils
+    // only the client's own entry: the line is not dropped, so the client's
+    // rotating X-Forwarded-For does not take over (the two disagree, and the
+    // requests count against the proxy, 10.0.0.5).
+    let forwarded = http::HeaderValue::from_bytes(b"for=\xff, for=198.51.100.30").unwrap();
+    for i in 0..3 {
+        let res = send(
+            &app,
+            req("/ip", "10.0.0.5")
+                .header("forwarded", forwarded.clone())
+                .header("x-forwarded-for", format!("192.0.2.{i}")),
+        )
+        .await;
+        assert_eq!(res.status(), want(i), "request {i}");
+    }
+}
+
 fn token(claims: serde_json::Value, secret: &str) -> String {
     encode(
         &Header::default(),

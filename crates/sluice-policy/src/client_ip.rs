@@ -1,5 +1,5 @@
 //! The client address of a request: the socket peer, unless that peer is one
-//! of the policy's `trusted_proxies`. Only then are `Forwarded` (RFC 7239) or
+//! of the policy's `trusted_proxies`. Only then are `Forwarded` (RFC 7239) and
 //! `X-Forwarded-For` read, right to left, and only as far as trusted proxies
 //! vouch for them, so a client cannot pick its own rate-limit key by sending
 //! a forged header.
@@ -130,14 +130,21 @@ impl TrustedProxies {
     /// The client address of a request whose socket peer is `peer`.
     ///
     /// `forwarded` holds every `Forwarded` header value and `x_forwarded_for`
-    /// every `X-Forwarded-For` value, each in the order received. They are
-    /// read only when `peer` is trusted, and then `Forwarded` alone if it has
-    /// any non-blank value, else `X-Forwarded-For`. The hops are walked right
-    /// to left from the peer: trusted hops are skipped and the first
-    /// untrusted one is the client. A hop that is obfuscated (`unknown`,
-    /// `_hidden`) or unparseable ends the walk at the last trusted address
-    /// reached, since nothing to its left was written by a trusted proxy. If
-    /// every hop is trusted, the leftmost is the client.
+    /// every `X-Forwarded-For` value, each in the order received; blank
+    /// values count as absent. They are read only when `peer` is trusted.
+    /// The hops of a header are walked right to left from the peer: trusted
+    /// hops are skipped and the first untrusted one is the client. A hop that
+    /// is obfuscated (`unknown`, `_hidden`) or unparseable ends the walk at
+    /// the last trusted address reached, since nothing to its left was
+    /// written by a trusted proxy. If every hop is trusted, the leftmost is
+    /// the client.
+    ///
+    /// A proxy maintains one of the two headers and passes the other on as
+    /// the client sent it, and which one is not knowable here; so when both
+    /// are present and their walks name different clients, neither is
+    /// believed and the client is the peer. A client cannot choose its key by
+    /// adding the header its proxy does not write; at worst its requests all
+    /// count against its proxy's address.
     ///
     /// ```
     /// use std::net::IpAddr;
@@ -152,6 +159,10 @@ impl TrustedProxies {
     /// assert_eq!(p.client_ip(ip("10.0.0.1"), [fwd], []), ip("2001:db8::7"));
     /// // An obfuscated hop stops the walk at the proxy that wrote it.
     /// assert_eq!(p.client_ip(ip("10.0.0.1"), ["for=_hidden"], []), ip("10.0.0.1"));
+    /// // Headers that disagree: neither is believed.
+    /// let xff = "192.0.2.5";
+    /// assert_eq!(p.client_ip(ip("10.0.0.1"), ["for=198.51.100.1"], [xff]), ip("10.0.0.1"));
+    /// assert_eq!(p.client_ip(ip("10.0.0.1"), ["for=192.0.2.5"], [xff]), ip("192.0.2.5"));
     /// ```
     pub fn client_ip<'a>(
         &self,
@@ -163,13 +174,20 @@ impl TrustedProxies {
         if !self.contains(peer) {
             return peer;
         }
-        let forwarded: Vec<&str> = forwarded
-            .into_iter()
-            .filter(|v| !v.trim().is_empty())
-            .collect();
-        if forwarded.is_empty() {
-            let values: Vec<&str> = x_forwarded_for.into_iter().collect();
-            let hops = values
+        let present = |values: &[&str]| values.iter().any(|v| !v.trim().is_empty());
+        let forwarded: Vec<&str> = forwarded.into_iter().collect();
+        let x_forwarded_for: Vec<&str> = x_forwarded_for.into_iter().collect();
+        let by_forwarded = present(&forwarded).then(|| {
+            let hops = forwarded
+                .iter()
+                .rev()
+                .flat_map(|v| elements_rev(v))
+                .filter(|element| !element.trim().is_empty())
+                .map(|element| forwarded_for(element).and_then(|node| parse_node(&node)));
+            self.walk(peer, hops)
+        });
+        let by_x_forwarded_for = present(&x_forwarded_for).then(|| {
+            let hops = x_forwarded_for
                 .iter()
                 .rev()
                 .flat_map(|v| v.rsplit(','))
@@ -178,14 +196,11 @@ impl TrustedProxies {
                 .filter(|hop| !hop.is_empty())
                 .map(|hop| parse_node(unquote_plain(hop)));
             self.walk(peer, hops)
-        } else {
-            let hops = forwarded
-                .iter()
-                .rev()
-                .flat_map(|v| elements_rev(v))
-                .filter(|element| !element.trim().is_empty())
-                .map(|element| forwarded_for(element).and_then(|node| parse_node(&node)));
-            self.walk(peer, hops)
+        });
+        match (by_forwarded, by_x_forwarded_for) {
+            (Some(a), Some(b)) if a != b => peer,
+            (Some(ip), _) | (None, Some(ip)) => ip,
+            (None, None) => peer,
         }
     }
 
@@ -522,10 +537,10 @@ mod tests {
     }
 
     #[test]
-    fn forwarded_is_preferred_and_parsed_per_rfc_7239() {
+    fn forwarded_is_parsed_per_rfc_7239() {
         let p = proxies(&["10.0.0.0/8"]);
         let peer = ip("10.0.0.1");
-        let client = |fwd: &[&str]| p.client_ip(peer, fwd.iter().copied(), ["198.51.100.200"]);
+        let client = |fwd: &[&str]| p.client_ip(peer, fwd.iter().copied(), []);
         assert_eq!(
             client(&["for=192.0.2.60;proto=http;by=203.0.113.43"]),
             ip("192.0.2.60")
@@ -553,8 +568,12 @@ mod tests {
             ip("198.51.100.17")
         );
         assert_eq!(client(&[r#"for="19\8.51.100.17""#]), ip("198.51.100.17"));
-        // Blank Forwarded values fall back to X-Forwarded-For.
-        assert_eq!(client(&[" "]), ip("198.51.100.200"));
+        // Blank Forwarded values are no Forwarded header.
+        assert_eq!(client(&[" "]), peer);
+        assert_eq!(
+            p.client_ip(peer, [" ", ""], ["198.51.100.200"]),
+            ip("198.51.100.200")
+        );
         // Obfuscated, unknown, missing or duplicated `for`, or broken syntax:
         // stop at the proxy that wrote it.
         for stop in [
@@ -588,6 +607,36 @@ mod tests {
         assert_eq!(
             client(&["for=203.0.113.5, for=_x, for=10.0.0.9"]),
             ip("10.0.0.9")
+        );
+    }
+
+    #[test]
+    fn both_headers_are_believed_only_when_they_agree() {
+        let p = proxies(&["10.0.0.0/8"]);
+        let peer = ip("10.0.0.1");
+        // The proxy writes X-Forwarded-For; the client adds a Forwarded of
+        // its own choosing, or the other way round: neither wins.
+        for (fwd, xff) in [
+            ("for=198.51.100.1", "192.0.2.5"),
+            ("for=192.0.2.5", "198.51.100.1, 192.0.2.6"),
+            ("for=192.0.2.5, for=10.0.0.2", "192.0.2.6"),
+        ] {
+            assert_eq!(p.client_ip(peer, [fwd], [xff]), peer, "{fwd} / {xff}");
+        }
+        // A proxy that keeps both up to date makes them agree.
+        assert_eq!(
+            p.client_ip(
+                peer,
+                ["for=6.6.6.6, for=192.0.2.5"],
+                ["7.7.7.7", "192.0.2.5, 10.0.0.3"]
+            ),
+            ip("192.0.2.5")
+        );
+        // A header whose walk stops at the same proxy agrees with one that
+        // ends there too.
+        assert_eq!(
+            p.client_ip(peer, ["for=_hidden, for=10.0.0.3"], ["10.0.0.3"]),
+            ip("10.0.0.3")
         );
     }
 
@@ -685,7 +734,14 @@ mod tests {
             let xff = join(false);
             prop_assert_eq!(p.client_ip(peer, [], xff.iter().map(String::as_str)), want);
             let fwd = join(true);
-            prop_assert_eq!(p.client_ip(peer, fwd.iter().map(String::as_str), ["192.0.2.99"]), want);
+            prop_assert_eq!(p.client_ip(peer, fwd.iter().map(String::as_str), []), want);
+            // Both headers, saying the same: believed.
+            let both = p.client_ip(peer, fwd.iter().map(String::as_str), xff.iter().map(String::as_str));
+            prop_assert_eq!(both, want);
+            // Saying different things: the peer, unless they name one client.
+            let other = model(&p, peer, &[Some("192.0.2.99".parse().unwrap())]);
+            let mixed = p.client_ip(peer, fwd.iter().map(String::as_str), ["192.0.2.99"]);
+            prop_assert_eq!(mixed, if other == want { want } else { peer.to_canonical() });
         }
     }
 }

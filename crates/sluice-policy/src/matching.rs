@@ -71,19 +71,38 @@ impl Condition {
     /// let c = Condition::Method("POST".into());
     /// assert!(c.holds(&RequestParts::new("POST", "/")));
     /// assert!(!c.holds(&RequestParts::new("post", "/")));
+    ///
+    /// // Host names, unlike the rest, ignore case and a final dot.
+    /// let h = Condition::Host("api.example.com".into());
+    /// let on = |host: &str| RequestParts::new("GET", "/").with_host(host);
+    /// assert!(h.holds(&on("API.Example.com")));
+    /// assert!(h.holds(&on("api.example.com.")));
+    /// assert!(!h.holds(&on("api.example.com.evil")));
+    /// assert!(!h.holds(&RequestParts::new("GET", "/")));
     /// ```
     pub fn holds<R: Request + ?Sized>(&self, req: &R) -> bool {
         match self {
             Condition::Path(p) => req.path() == p,
             Condition::PathPrefix(p) => req.path().starts_with(p.as_str()),
             Condition::Method(m) => req.method() == m,
-            Condition::Host(h) => req.host() == Some(h.as_str()),
+            Condition::Host(h) => req.host().is_some_and(|r| same_host(r, h)),
             Condition::Header(n, v) => req.header(n) == Some(v.as_str()),
             Condition::Query(n, v) => req.query(n).is_some_and(|q| q == v.as_str()),
             Condition::Jwt(n, v) => req.claim(n).is_some_and(|c| c == v.as_str()),
             Condition::Descriptor(n, v) => req.descriptor(n) == Some(v.as_str()),
         }
     }
+}
+
+/// Host names compare without regard to case (RFC 9110 §4.2.3), and a
+/// fully qualified name's final dot changes nothing, so that neither
+/// `API.example.com` nor `api.example.com.` slips past a rule for
+/// `api.example.com`.
+fn same_host(a: &str, b: &str) -> bool {
+    fn bare(h: &str) -> &str {
+        h.strip_suffix('.').unwrap_or(h)
+    }
+    bare(a).eq_ignore_ascii_case(bare(b))
 }
 
 fn unknown(key: &str) -> String {

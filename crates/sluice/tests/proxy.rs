@@ -546,6 +546,85 @@ async fn a_spoofed_x_forwarded_for_does_not_change_the_key() {
 }
 
 #[tokio::test]
+async fn behind_two_proxies_a_client_cannot_pick_its_key_with_forwarded() {
+    // A front proxy that trusts nobody, then the one enforcing, which trusts
+    // the front (127.0.0.1, which is also where the client is). The front
+    // appends the client to X-Forwarded-For and to the Forwarded the client
+    // sent: the client's rotating claim is believed by neither header's
+    // walk alone, since the headers disagree, and every request counts
+    // under the front's address.
+    let (up, seen) = start_upstream().await;
+    let back = start_proxy(
+        &format!("trusted_proxies: [127.0.0.1]\n{THREE}"),
+        &format!("http://{up}"),
+        PATIENCE,
+    )
+    .await;
+    let front = start_proxy(GENEROUS, &format!("http://{}", back.addr), PATIENCE).await;
+    let client = reqwest::Client::new();
+    let mut statuses = Vec::new();
+    let mut last = Value::Null;
+    for i in 1..=4 {
+        let res = client
+            .get(front.url("/"))
+            .header("forwarded", format!("for=198.51.100.{i}"))
+            .send()
+            .await
+            .unwrap();
+        statuses.push(res.status().as_u16());
+        if res.status() == 200 {
+            last = res.json().await.unwrap();
+        }
+    }
+    assert_eq!(statuses, [200, 200, 200, 429]);
+    assert_eq!(seen.hits(), 3);
+    let h = &last["headers"];
+    assert_eq!(
+        h["forwarded"],
+        json!(["for=198.51.100.3", "for=127.0.0.1", "for=127.0.0.1"]),
+        "{h}"
+    );
+    assert_eq!(h["x-forwarded-for"], json!(["127.0.0.1, 127.0.0.1"]), "{h}");
+}
+
+#[tokio::test]
+async fn an_absolute_form_target_is_the_host_the_rules_see_and_the_upstream_gets() {
+    let policy = "
+rules:
+  - name: api-host
+    match: {host: api.example.com}
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 3600, burst: 1}
+";
+    let (p, _) = pair(policy).await;
+    let mut raw = Raw::connect(p.addr).await;
+    // The target names the host; Host, which a server must then ignore,
+    // names another.
+    let mut statuses = Vec::new();
+    for target in ["http://api.example.com/x", "http://API.example.com./x"] {
+        raw.send(format!("GET {target} HTTP/1.1\r\nHost: other.example\r\n\r\n").as_bytes())
+            .await;
+        let (status, _, body) = raw.response().await;
+        statuses.push(status);
+        if status == 200 {
+            let got: Value = serde_json::from_slice(&body).unwrap();
+            assert_eq!(got["headers"]["host"], json!(["api.example.com"]));
+        }
+    }
+    assert_eq!(statuses, [200, 429]);
+    // And the other way round: the rule's host in Host, another in the
+    // target. The rule does not apply, and the upstream is told the
+    // target's host, not the one the rule was written for.
+    raw.send(b"GET http://other.example/x HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+        .await;
+    let (status, _, body) = raw.response().await;
+    assert_eq!(status, 200);
+    let got: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got["headers"]["host"], json!(["other.example"]));
+}
+
+#[tokio::test]
 async fn large_bodies_pass_both_ways_intact() {
     let (p, seen) = pair(GENEROUS).await;
     let sent = noise(8 << 20);

@@ -198,6 +198,10 @@ async fn bad_input_gets_a_4xx_problem() {
     )
     .await;
     assert_eq!(st, 400);
+    // A method an endpoint does not take is a problem too.
+    let (st, ctype, j) = call(&s, "GET", "/v1/reset", Body::empty(), None).await;
+    assert_eq!((st, ctype.as_str()), (405, "application/problem+json"));
+    assert_eq!(j["status"], 405, "{j}");
 }
 
 #[tokio::test]
@@ -216,6 +220,36 @@ async fn decide_answers_with_the_headers_the_middleware_would_set() {
     // No rule applies without an address.
     let (st, _, j) = call(&s, "POST", "/v1/decide", "{}", None).await;
     assert_eq!((st, &j["rule"]), (200, &serde_json::Value::Null));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_client_that_stalls_mid_headers_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(sluice::serve::serve(
+        listener,
+        state(None),
+        std::future::pending(),
+    ));
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"POST /v1/limit HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    // Paused time moves on while both sides wait, so the server's deadline
+    // for the rest of the headers passes without the test waiting for it.
+    let started = tokio::time::Instant::now();
+    let mut rest = Vec::new();
+    // Closed, by a FIN (Ok) or a reset (Err): either way the read ends.
+    let _ = tokio::time::timeout(Duration::from_secs(300), stream.read_to_end(&mut rest))
+        .await
+        .expect("the server never closed the connection");
+    let waited = started.elapsed();
+    assert!(
+        (Duration::from_secs(30)..Duration::from_secs(31)).contains(&waited),
+        "closed after {waited:?}"
+    );
 }
 
 /// Starts `sluice serve` on free ports and waits until it is ready; returns

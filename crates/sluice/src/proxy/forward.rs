@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http::header::{
-    CONNECTION, CONTENT_TYPE, COOKIE, HOST, HeaderName, HeaderValue, TE, TRAILER,
+    CONNECTION, CONTENT_TYPE, COOKIE, FORWARDED, HOST, HeaderName, HeaderValue, TE, TRAILER,
     TRANSFER_ENCODING, UPGRADE,
 };
 use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
@@ -109,14 +109,16 @@ impl<S: Store + 'static> Forward<S> {
             );
         };
         let mut headers = parts.headers;
-        // HTTP/2 clients name the host in the `:authority` pseudo-header,
-        // which the URI carries; an HTTP/1.1 upstream needs it in `Host`.
-        let host = headers.get(HOST).cloned().or_else(|| {
-            parts
-                .uri
-                .authority()
-                .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
-        });
+        // The host the rules matched: the target's authority when it has one
+        // (an absolute-form HTTP/1.1 target, whose `Host` a server must
+        // ignore, RFC 9112 §3.2.2; or HTTP/2's `:authority`), else `Host`.
+        // The upstream gets the same in `Host`, so that a client cannot be
+        // counted under one host and served by another.
+        let host = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+            .or_else(|| headers.get(HOST).cloned());
         strip_hop_by_hop(&mut headers);
         if parts.version == Version::HTTP_2 {
             join_cookies(&mut headers);
@@ -376,9 +378,12 @@ fn join_cookies(headers: &mut HeaderMap) {
 }
 
 /// `X-Forwarded-For` gets the peer appended, so its last entry is always
-/// the address this proxy saw. `X-Forwarded-Host` and `-Proto` are set from
-/// this hop, unless the peer is one of the policy's trusted proxies and
-/// already said them (a TLS terminator in front knows the real scheme).
+/// the address this proxy saw; so does `Forwarded` when the request has one,
+/// so that the two never tell a server behind this proxy different things
+/// (and one that reads both cannot be steered by the one a client wrote).
+/// `X-Forwarded-Host` and `-Proto` are set from this hop, unless the peer is
+/// one of the policy's trusted proxies and already said them (a TLS
+/// terminator in front knows the real scheme).
 fn add_forwarded(
     headers: &mut HeaderMap,
     peer: Option<IpAddr>,
@@ -386,7 +391,19 @@ fn add_forwarded(
     trusted: bool,
 ) {
     if let Some(ip) = peer {
-        let ip = ip.to_canonical().to_string();
+        let ip = ip.to_canonical();
+        if headers.contains_key(FORWARDED) {
+            // RFC 7239 §6: an IPv6 node is bracketed, and so quoted.
+            let node = match ip {
+                IpAddr::V4(v4) => format!("for={v4}"),
+                IpAddr::V6(v6) => format!("for=\"[{v6}]\""),
+            };
+            headers.append(
+                FORWARDED,
+                HeaderValue::from_str(&node).unwrap_or(HeaderValue::from_static("for=unknown")),
+            );
+        }
+        let ip = ip.to_string();
         let prior: Vec<&str> = headers
             .get_all(&X_FORWARDED_FOR)
             .iter()
@@ -581,6 +598,19 @@ mod tests {
         );
         assert_eq!(h["x-forwarded-for"], "192.0.2.9");
         assert!(h.get("x-forwarded-host").is_none());
+        // No Forwarded is added to a request without one...
+        assert!(h.get(FORWARDED).is_none());
+
+        // ...but one the client sent gets this hop too, IPv6 quoted.
+        let mut h = map(&[("forwarded", "for=198.51.100.1")]);
+        add_forwarded(&mut h, Some("2001:db8::7".parse().unwrap()), None, false);
+        let forwarded: Vec<&str> = h
+            .get_all(FORWARDED)
+            .iter()
+            .map(|v| v.to_str().unwrap())
+            .collect();
+        assert_eq!(forwarded, ["for=198.51.100.1", r#"for="[2001:db8::7]""#]);
+        assert_eq!(h["x-forwarded-for"], "2001:db8::7");
     }
 
     #[test]

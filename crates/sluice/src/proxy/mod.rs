@@ -13,10 +13,12 @@
 //! - the method, path and query (under the upstream's base path, if it has
 //!   one), headers and body as the client sent them;
 //! - `Host` as the client sent it (proxied services usually route, link and
-//!   rate limit by it), with `X-Forwarded-Host` the same and
+//!   rate limit by it), or the request target's authority when it has one,
+//!   as the rules saw it; with `X-Forwarded-Host` the same and
 //!   `X-Forwarded-Proto: http`, both kept as received only from trusted
 //!   proxies;
-//! - `X-Forwarded-For` with the peer address appended;
+//! - `X-Forwarded-For` with the peer address appended, and the same for
+//!   `Forwarded` when the client sent one;
 //! - no hop-by-hop headers: `Connection` and the headers it names,
 //!   `Keep-Alive`, `TE`, `Trailer`, `Transfer-Encoding`, `Upgrade` and
 //!   `Proxy-*` are removed from requests and from responses;
@@ -45,9 +47,6 @@ use anyhow::Context;
 use clap::Args;
 use http::Request;
 use hyper::body::Incoming;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use sluice_core::Store;
 use sluice_http::{Enforcer, PeerAddr, RateLimitLayer};
 use sluice_policy::Policy;
@@ -57,14 +56,6 @@ use tower::{Layer, ServiceExt};
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
 use crate::serve::{AnyStore, Metrics};
-
-/// How long a client has to send a request's headers; a connection that
-/// idles longer mid-request is closed (slowloris).
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
-
-/// The pause after a failed `accept` (out of file descriptors, usually),
-/// so that the loop does not spin while the condition lasts.
-const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
 /// Arguments of `sluice proxy`.
 #[derive(Debug, Args)]
@@ -242,46 +233,14 @@ pub async fn proxy<S: Store + 'static>(
 ) {
     let service =
         RateLimitLayer::new(Arc::clone(&enforcer)).layer(forward::Forward::new(upstream, enforcer));
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
-    let graceful = GracefulShutdown::new();
-    tokio::pin!(stop);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
-        };
-        // Small responses (429s above all) would otherwise wait on Nagle.
-        let _ = stream.set_nodelay(true);
+    let per_connection = move |peer: SocketAddr| {
         let service = service.clone();
-        let per_request = hyper::service::service_fn(move |mut req: Request<Incoming>| {
+        hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
             service.clone().oneshot(req)
-        });
-        let conn = builder
-            .serve_connection_with_upgrades(TokioIo::new(stream), per_request)
-            .into_owned();
-        let conn = graceful.watch(conn);
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                // Clients hanging up mid-request are routine.
-                tracing::debug!(%peer, error = %e, "connection ended with an error");
-            }
-        });
-    }
-    drop(listener);
-    tracing::debug!(connections = graceful.count(), "draining connections");
-    graceful.shutdown().await;
+        })
+    };
+    crate::listen::serve_connections(listener, per_connection, stop).await;
 }
 
 #[cfg(test)]

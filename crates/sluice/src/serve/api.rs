@@ -49,6 +49,12 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router 
         .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(readyz::<C>))
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
+        .method_not_allowed_fallback(|| async {
+            problem(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "the endpoint does not take this method".into(),
+            )
+        })
         .layer(DefaultBodyLimit::max(MAX_BODY))
         .with_state(state)
 }

@@ -7,10 +7,10 @@ mod metrics;
 mod rls;
 mod store;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 
 use anyhow::Context;
+use sluice_core::Clock;
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
 use tokio::net::TcpListener;
@@ -88,17 +88,16 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves the API on `listener` until `stop` completes, then lets requests
-/// in flight finish.
-pub async fn serve(
+/// in flight finish. A client has 30 seconds to send a request's headers.
+pub async fn serve<C: Clock + Send + Sync + 'static>(
     listener: TcpListener,
-    state: Arc<AppState>,
+    state: Arc<AppState<C>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let app = app(state).into_make_service_with_connect_info::<SocketAddr>();
-    axum::serve(listener, app)
-        .with_graceful_shutdown(stop)
-        .await
-        .context("the HTTP server failed")
+    let app = app(state);
+    let per_connection = move |_| hyper_util::service::TowerToHyperService::new(app.clone());
+    crate::listen::serve_connections(listener, per_connection, stop).await;
+    Ok(())
 }
 
 pub(crate) fn init_logs() {
