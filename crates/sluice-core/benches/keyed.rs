@@ -30,11 +30,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Case, KEY_COUNTS, fill, keys, timed};
+use common::{Case, KEY_COUNTS, Sides, keys, timed};
 use criterion::measurement::WallTime;
 use criterion::{BenchmarkGroup, Criterion, Throughput, criterion_group, criterion_main};
-use governor::RateLimiter;
-use sluice_core::{MemoryStore, Mode, Op};
 
 /// Benchmarks `decide` over `keys` on `threads` threads, each sample going
 /// on from where the previous one stopped.
@@ -66,17 +64,9 @@ fn keyed(c: &mut Criterion) {
     for case in Case::ALL {
         for (keys_name, keys) in &key_sets {
             // Fresh stores per (mode, key count), each key decided once.
-            let store = MemoryStore::new();
-            let limit = case.sluice();
-            let sluice = |k: &String| store.decide_now(Op::new(&limit, k, 1.0), Mode::CONSUME);
-            let gov = RateLimiter::keyed(case.governor());
-            let governor = |k: &String| gov.check_key(k);
-            fill(
-                case,
-                keys,
-                |k| sluice(k).unwrap().allowed,
-                |k| governor(k).is_ok(),
-            );
+            let sides = Sides::filled(case, keys);
+            let sluice = |k: &String| sides.sluice(k);
+            let governor = |k: &String| sides.governor(k);
 
             for threads in [1usize, 2] {
                 let id = |who: &str| format!("{}/{keys_name}/{threads}threads/{who}", case.name());

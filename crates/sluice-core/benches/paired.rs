@@ -20,9 +20,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Case, KEY_COUNTS, fill, keys, timed};
-use governor::RateLimiter;
-use sluice_core::{MemoryStore, Mode, Op};
+use common::{Case, KEY_COUNTS, Sides, keys, timed};
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -83,17 +81,9 @@ fn main() {
             if !names.iter().any(|n| wanted(n)) {
                 continue;
             }
-            let store = MemoryStore::new();
-            let limit = case.sluice();
-            let sluice = |k: &String| store.decide_now(Op::new(&limit, k, 1.0), Mode::CONSUME);
-            let gov = RateLimiter::keyed(case.governor());
-            let governor = |k: &String| gov.check_key(k);
-            fill(
-                case,
-                &keys,
-                |k| sluice(k).unwrap().allowed,
-                |k| governor(k).is_ok(),
-            );
+            let sides = Sides::filled(case, &keys);
+            let sluice = |k: &String| sides.sluice(k);
+            let governor = |k: &String| sides.governor(k);
 
             for (threads, name) in [1usize, 2].into_iter().zip(names) {
                 if !wanted(&name) {

@@ -6,8 +6,9 @@ use std::num::NonZeroU32;
 use std::thread;
 use std::time::{Duration, Instant};
 
-use governor::Quota;
-use sluice_core::{Limit, TokenBucket};
+use governor::clock::QuantaInstant;
+use governor::{DefaultKeyedRateLimiter, NotUntil, Quota, RateLimiter};
+use sluice_core::{Decision, Limit, MemoryStore, Mode, Op, StoreError, TokenBucket};
 
 /// The quota of one benchmark mode, for both limiters.
 #[derive(Clone, Copy)]
@@ -65,25 +66,55 @@ pub(crate) fn keys(n: usize) -> Vec<String> {
     ids.into_iter().map(|i| format!("user:{i:08}")).collect()
 }
 
-/// Decides every key once on both sides, in an order unrelated to the
-/// visiting order (so that the keys governor clones into its map are not
-/// laid out in memory in the order the benchmark then reads them), and
-/// checks that a further call decides as `case` says every timed call will.
-pub(crate) fn fill(
-    case: Case,
-    keys: &[String],
-    sluice: impl Fn(&String) -> bool,
-    governor: impl Fn(&String) -> bool,
-) {
-    let mut order: Vec<&String> = keys.iter().collect();
-    fastrand::Rng::with_seed(0xF111u64).shuffle(&mut order);
-    for k in order {
-        assert!(sluice(k), "first call on {k} denied by sluice");
-        assert!(governor(k), "first call on {k} denied by governor");
+/// Both limiters of one case, each holding every key.
+pub(crate) struct Sides {
+    store: MemoryStore,
+    limit: Limit,
+    governor: DefaultKeyedRateLimiter<String>,
+}
+
+impl Sides {
+    /// Fresh limiters for `case`, with every key decided once on both
+    /// sides, in an order unrelated to the visiting order (so that the keys
+    /// governor clones into its map are not laid out in memory in the order
+    /// the benchmark then reads them); checks that a further call decides
+    /// as `case` says every timed call will.
+    pub(crate) fn filled(case: Case, keys: &[String]) -> Sides {
+        let sides = Sides {
+            store: MemoryStore::new(),
+            limit: case.sluice(),
+            governor: RateLimiter::keyed(case.governor()),
+        };
+        let mut order: Vec<&String> = keys.iter().collect();
+        fastrand::Rng::with_seed(0xF111u64).shuffle(&mut order);
+        for k in order {
+            assert!(
+                sides.sluice(k).unwrap().allowed,
+                "first call on {k} denied by sluice"
+            );
+            assert!(
+                sides.governor(k).is_ok(),
+                "first call on {k} denied by governor"
+            );
+        }
+        let probe = &keys[0];
+        assert_eq!(sides.sluice(probe).unwrap().allowed, case.expect_allowed());
+        assert_eq!(sides.governor(probe).is_ok(), case.expect_allowed());
+        sides
     }
-    let probe = &keys[0];
-    assert_eq!(sluice(probe), case.expect_allowed());
-    assert_eq!(governor(probe), case.expect_allowed());
+
+    /// One keyed decision by sluice.
+    #[inline]
+    pub(crate) fn sluice(&self, key: &str) -> Result<Decision, StoreError> {
+        self.store
+            .decide_now(Op::new(&self.limit, key, 1.0), Mode::CONSUME)
+    }
+
+    /// One keyed decision by governor.
+    #[inline]
+    pub(crate) fn governor(&self, key: &String) -> Result<(), NotUntil<QuantaInstant>> {
+        self.governor.check_key(key)
+    }
 }
 
 /// Times `iters` calls of `decide`, cycling through `keys` from `cursor`
