@@ -16,7 +16,7 @@ use tokio::net::TcpListener;
 
 /// How long a client has to send a request's headers; a connection that
 /// idles longer mid-request is closed (slowloris).
-pub(crate) const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The pause after a failed `accept` (out of file descriptors, usually),
 /// so that the loop does not spin while the condition lasts.
