@@ -79,9 +79,14 @@ impl<'a> HttpRequest<'a> {
     pub fn new<B>(req: &'a http::Request<B>, peer: Option<IpAddr>, policy: &Policy) -> Self {
         let headers = req.headers();
         let ip = peer.map(|p| {
+            let proxies = policy.trusted_proxies();
+            if !proxies.contains(p) {
+                // The common case, without reading any header.
+                return p.to_canonical();
+            }
             let forwarded = forwarding(headers, &FORWARDED);
             let x_forwarded_for = forwarding(headers, &X_FORWARDED_FOR);
-            policy.trusted_proxies().client_ip(
+            proxies.client_ip(
                 p,
                 forwarded.iter().map(AsRef::as_ref),
                 x_forwarded_for.iter().map(AsRef::as_ref),
