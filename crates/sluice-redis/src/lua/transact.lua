@@ -23,10 +23,11 @@
 -- Speed matters here, since Redis runs it on its one thread. Every key is
 -- read with one MGET and every key written is written once, at the end,
 -- with its TTL in the same SET. Beyond those, the cost is in calls into C,
--- in new strings and in growing tables, so the ops are decoded with one
--- struct call per chunk, tables are created at their final size, the token
--- bucket's refill is inline, a state read and not yet changed is returned
--- as the very string MGET gave, and TTLs are passed as text (see ttl_text).
+-- in new strings, in growing tables and in Lua's own instructions, so the
+-- ops are decoded with one struct call per chunk, tables are created at
+-- their final size, a lone op on a token bucket takes a short path, a state
+-- read and not yet changed is returned as the very string MGET gave, and
+-- TTLs are passed as text (see ttl_text).
 
 local unpack_s, pack_s = struct.unpack, struct.pack
 local call = redis.call
@@ -120,8 +121,8 @@ local function idiv(a, b)
 end
 
 -- The state of a key at now under limit l: refilled (token bucket) or rolled
--- over (fixed window). `tokens` false: no state. The token bucket's case is
--- repeated inline in the loop below; this is its reference.
+-- over (fixed window). `tokens` false: no state. The loop below repeats the
+-- token bucket's case inline for its common lone op.
 local function advance(l, tokens, ts, origin)
   if kind[l] == 1 then
     if not tokens then return p3[l], now end
@@ -158,6 +159,8 @@ end
 
 local PICK = {[0] = '\0', [1] = '\1'}
 local SAW = {[0] = '\2', [1] = '\3'}
+-- A lone op's verdict byte and its own byte, which follow each other.
+local YES_SAW, NO_SAW, YES_NONE, NO_NONE = '\1\2', '\0\2', '\1\0', '\0\0'
 local out, nout = {}, 0
 -- Per transaction: where its verdict byte is, whether it still holds, and
 -- (several ops only) its pending writes, which its own later ops see.
@@ -166,25 +169,11 @@ local ptok, pts, plim, porder, npend
 for i = 0, nops - 1 do
   local f = i * 6
   local ctl, a, b, l, cost = ops[f + 1], ops[f + 2], ops[f + 3], ops[f + 4], ops[f + 5]
-  local first = ctl % 8 >= 4
-  local last = ctl >= 8
-  if first then
-    nout = nout + 1
-    head = nout
-    out[nout] = '\1'
-    ok = true
-    if last then
-      ptok = nil
-    else
-      ptok, pts, plim, porder, npend = {}, {}, {}, {}, 0
-    end
-  end
-
-  local k, pick = a, 0
-  local st, sts, seen
-  if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
-  local avail, ts
-  if kind[l] == 1 then
+  if ctl >= 12 and a == b and kind[l] == 1 then
+    -- A transaction of one op on one token-bucket key, nearly every call:
+    -- the general case below, with what cannot happen here left out.
+    local st, sts = tok[a], tsv[a]
+    local avail, ts
     if st then
       local e = now - sts
       if e < 0 then e = 0 end
@@ -194,55 +183,97 @@ for i = 0, nops - 1 do
     else
       avail, ts = p3[l], now
     end
-  else
-    avail, ts = advance(l, st, sts, ops[f + 6])
-  end
-  if b ~= a then
-    local sb, sbts, seenb
-    if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
-    local availb, tsb = advance(l, sb, sbts, ops[f + 6])
-    if availb > avail then
-      k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
+    local yes = avail >= cost
+    if not yes and ctl >= 14 then
+      local mr = p4[l]
+      yes = mr < 0 or cost - avail <= mr
     end
-  end
-
-  local allowed = avail >= cost
-  if not allowed and ctl % 4 >= 2 then
-    local mr = p4[l]
-    allowed = mr < 0 or cost - avail <= mr
-  end
-  if allowed then
-    if not ptok then
-      if ctl % 2 == 1 then commit(k, avail - cost, ts, l) end
+    local seen = raw[a]
+    if seen then
+      out[nout + 1] = yes and YES_SAW or NO_SAW
+      nout = nout + 2
+      out[nout] = seen
+    elseif st then
+      out[nout + 1] = yes and '\1' or '\0'
+      nout = nout + 2
+      out[nout] = pack_s('<Bdd', 2, st, sts)
     else
-      if not ptok[k] then
-        npend = npend + 1
-        porder[npend] = k
-      end
-      ptok[k], pts[k], plim[k] = avail - cost, ts, l
+      nout = nout + 1
+      out[nout] = yes and YES_NONE or NO_NONE
+    end
+    if yes and ctl % 2 == 1 then
+      -- commit(), inline: a call costs as much as its body.
+      local t = avail - cost
+      if t >= p3[l] then tok[a] = false else tok[a], tsv[a] = t, ts end
+      wlim[a] = l
+      raw[a] = false
     end
   else
-    ok = false
-  end
+    local first = ctl % 8 >= 4
+    local last = ctl >= 8
+    if first then
+      nout = nout + 1
+      head = nout
+      out[nout] = '\1'
+      ok = true
+      if last then
+        ptok = nil
+      else
+        ptok, pts, plim, porder, npend = {}, {}, {}, {}, 0
+      end
+    end
 
-  nout = nout + 1
-  if seen then
-    out[nout] = SAW[pick]
+    local k, pick = a, 0
+    local st, sts, seen
+    if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
+    local avail, ts = advance(l, st, sts, ops[f + 6])
+    if b ~= a then
+      local sb, sbts, seenb
+      if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
+      local availb, tsb = advance(l, sb, sbts, ops[f + 6])
+      if availb > avail then
+        k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
+      end
+    end
+
+    local allowed = avail >= cost
+    if not allowed and ctl % 4 >= 2 then
+      local mr = p4[l]
+      allowed = mr < 0 or cost - avail <= mr
+    end
+    if allowed then
+      if not ptok then
+        if ctl % 2 == 1 then commit(k, avail - cost, ts, l) end
+      else
+        if not ptok[k] then
+          npend = npend + 1
+          porder[npend] = k
+        end
+        ptok[k], pts[k], plim[k] = avail - cost, ts, l
+      end
+    else
+      ok = false
+    end
+
     nout = nout + 1
-    out[nout] = seen
-  elseif st then
-    out[nout] = pack_s('<Bdd', pick + 2, st, sts)
-  else
-    out[nout] = PICK[pick]
-  end
+    if seen then
+      out[nout] = SAW[pick]
+      nout = nout + 1
+      out[nout] = seen
+    elseif st then
+      out[nout] = pack_s('<Bdd', pick + 2, st, sts)
+    else
+      out[nout] = PICK[pick]
+    end
 
-  if last then
-    if not ok then
-      out[head] = '\0'
-    elseif ptok and ctl % 2 == 1 then
-      for j = 1, npend do
-        local pk = porder[j]
-        commit(pk, ptok[pk], pts[pk], plim[pk])
+    if last then
+      if not ok then
+        out[head] = '\0'
+      elseif ptok and ctl % 2 == 1 then
+        for j = 1, npend do
+          local pk = porder[j]
+          commit(pk, ptok[pk], pts[pk], plim[pk])
+        end
       end
     end
   end
