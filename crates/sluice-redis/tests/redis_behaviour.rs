@@ -155,6 +155,75 @@ async fn load(
     (answers, failures, allowed, slowest)
 }
 
+/// Wakes every millisecond until told to stop, and returns the longest it
+/// was kept waiting past that: how late this process was being run at all.
+/// An answer can be late by as much without the store being at fault.
+async fn stalls(progress: &Progress) -> Duration {
+    let tick = Duration::from_millis(1);
+    let mut worst = Duration::ZERO;
+    while !progress.stop.load(Ordering::Relaxed) {
+        let before = Instant::now();
+        tokio::time::sleep(tick).await;
+        worst = worst.max(before.elapsed().saturating_sub(tick));
+    }
+    worst
+}
+
+/// What one outage showed: the callers' answers, and the worst stall of the
+/// process meanwhile.
+struct Outage {
+    answers: u64,
+    failures: u64,
+    allowed: u64,
+    slowest: Duration,
+    stall: Duration,
+    /// Whether the store still said it was ready once the outage was seen.
+    ready: bool,
+}
+
+/// Kills Redis under eight busy callers, lets every one of them likely meet
+/// the outage, then stops them and brings Redis back.
+async fn outage(
+    server: &mut RedisServer,
+    store: &Arc<RedisStore>,
+    limit: &Limit,
+    on_error: OnError,
+) -> Outage {
+    let progress = Arc::new(Progress::default());
+    let callers: Vec<_> = (0..8)
+        .map(|_| {
+            let (store, limit, progress) = (store.clone(), limit.clone(), progress.clone());
+            tokio::spawn(async move { load(&store, &limit, on_error, &progress).await })
+        })
+        .collect();
+    let watcher = {
+        let progress = progress.clone();
+        tokio::spawn(async move { stalls(&progress).await })
+    };
+    Progress::reach(&progress.answers, 200).await;
+    server.kill();
+    Progress::reach(&progress.failures, 64).await;
+    progress.stop.store(true, Ordering::Relaxed);
+    let mut seen = Outage {
+        answers: 0,
+        failures: 0,
+        allowed: 0,
+        slowest: Duration::ZERO,
+        stall: Duration::ZERO,
+        ready: true,
+    };
+    for c in callers {
+        let (n, failed, ok, slowest) = c.await.unwrap();
+        seen.answers += n;
+        seen.failures += failed;
+        seen.allowed += ok;
+        seen.slowest = seen.slowest.max(slowest);
+    }
+    seen.stall = watcher.await.unwrap();
+    seen.ready = store.is_ready();
+    seen
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     let _alone = ALONE.lock().await;
@@ -164,42 +233,43 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     store.ping().await.unwrap();
     assert!(store.is_ready());
     let timeout = RedisConfig::from_url(&server.url()).unwrap().timeout();
+    let bound = timeout + Duration::from_millis(10);
 
     for on_error in [OnError::Open, OnError::Closed] {
-        // Callers run throughout; Redis dies under them once they are busy,
-        // and they stop once every one of them has likely met the outage.
-        let progress = Arc::new(Progress::default());
-        let callers: Vec<_> = (0..8)
-            .map(|_| {
-                let (store, limit, progress) = (store.clone(), limit.clone(), progress.clone());
-                tokio::spawn(async move { load(&store, &limit, on_error, &progress).await })
-            })
-            .collect();
-        Progress::reach(&progress.answers, 200).await;
-        server.kill();
-        Progress::reach(&progress.failures, 64).await;
-        progress.stop.store(true, Ordering::Relaxed);
-        let (mut failures, mut answers, mut allowed) = (0, 0, 0);
-        for c in callers {
-            let (n, failed, ok, slowest) = c.await.unwrap();
-            answers += n;
-            allowed += ok;
-            assert!(
-                slowest <= timeout + Duration::from_millis(10),
-                "{on_error:?}: an answer took {slowest:?}, deadline {timeout:?}"
+        // A shared machine can stop running this process for longer than
+        // the 10 ms of slack (VM steal). A late answer then says nothing of
+        // the store, so that outage is run again; a late answer while the
+        // process ran on time fails the test.
+        let mut attempts = 0;
+        let (seen, back) = loop {
+            attempts += 1;
+            let seen = outage(&mut server, &store, &limit, on_error).await;
+            server.restart();
+            let back = Instant::now();
+            let stalled = seen.stall > Duration::from_millis(10);
+            if seen.slowest <= bound || !stalled || attempts == 3 {
+                break (seen, back);
+            }
+            eprintln!(
+                "{on_error:?}: an answer took {:?} while the process stalled for {:?}; again",
+                seen.slowest, seen.stall
             );
-            failures += failed;
-        }
-        assert!(failures > 0, "{on_error:?}: no call saw Redis down");
+        };
+        assert!(
+            seen.slowest <= bound,
+            "{on_error:?}: an answer took {:?}, deadline {timeout:?} (worst stall {:?})",
+            seen.slowest,
+            seen.stall
+        );
+        assert!(seen.failures > 0, "{on_error:?}: no call saw Redis down");
         // The limit is far above the load, so only the failure mode denies.
         match on_error {
-            OnError::Open => assert_eq!(allowed, answers),
-            OnError::Closed => assert_eq!(allowed, answers - failures),
+            OnError::Open => assert_eq!(seen.allowed, seen.answers),
+            OnError::Closed => assert_eq!(seen.allowed, seen.answers - seen.failures),
         }
-        assert!(!store.is_ready());
+        assert!(!seen.ready, "{on_error:?}: still ready with Redis down");
 
-        server.restart();
-        let back = Instant::now();
+        // Redis is back (restarted above): decisions resume within a second.
         loop {
             let ops = [Op::new(&limit, "after", 1.0)];
             if store.transact(&ops, Mode::CONSUME).await.is_ok() {
