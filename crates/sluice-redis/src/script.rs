@@ -6,11 +6,11 @@
 //! in-memory store runs, so the two stores cannot drift apart in what they
 //! report.
 //!
-//! Numbers cross the wire as little-endian doubles packed into two binary
-//! arguments per batch (the limits, then the operations), decoded with
-//! `struct.unpack` in the script. That keeps them bit-exact without
-//! formatting or parsing decimal text, and a batch costs five arguments plus
-//! its keys whatever its size. Each distinct limit configuration of a batch
+//! Numbers cross the wire as little-endian doubles packed into three binary
+//! arguments per batch (the limits, the operations, and the few operations'
+//! extras), decoded with `struct.unpack` in the script. That keeps them
+//! bit-exact without formatting or parsing decimal text, and a batch costs
+//! six arguments plus its keys whatever its size. Each distinct limit configuration of a batch
 //! is sent once and referred to by index.
 
 use std::collections::HashMap;
@@ -238,7 +238,8 @@ pub(crate) fn invocation<'a>(
     let mut key_list: Vec<&str> = Vec::with_capacity(nops);
     let mut limits: SmallVec<[&Algorithm; 4]> = SmallVec::new();
     let mut limit_blob: Vec<u8> = Vec::with_capacity(33 * 2);
-    let mut op_blob: Vec<u8> = Vec::with_capacity(29 * nops);
+    let mut op_blob: Vec<u8> = Vec::with_capacity(17 * nops);
+    let mut extra_blob: Vec<u8> = Vec::new();
     let mut key_bytes = 0;
     let mut key_of = |k: &'a str| -> u32 {
         let next = key_list.len() as u32 + 1;
@@ -261,18 +262,26 @@ pub(crate) fn invocation<'a>(
                     limits.len()
                 }
             };
-            let ctl = txn.flags | (u8::from(i == 0) << 2) | (u8::from(i + 1 == n) << 3);
+            // Only a sharded limit's second key and a fixed window's origin
+            // need the extra record; most ops go without.
+            let extra = b != a || matches!(op.alg, Algorithm::FixedWindow(_));
+            let ctl = txn.flags
+                | (u8::from(i == 0) << 2)
+                | (u8::from(i + 1 == n) << 3)
+                | (u8::from(extra) << 4);
             op_blob.push(ctl);
             op_blob.extend_from_slice(&a.to_le_bytes());
-            op_blob.extend_from_slice(&b.to_le_bytes());
             op_blob.extend_from_slice(&(l as u32).to_le_bytes());
             op_blob.extend_from_slice(&op.cost.to_le_bytes());
-            op_blob.extend_from_slice(&(op.origin as f64).to_le_bytes());
+            if extra {
+                extra_blob.extend_from_slice(&b.to_le_bytes());
+                extra_blob.extend_from_slice(&(op.origin as f64).to_le_bytes());
+            }
         }
     }
     let mut cmd = Cmd::with_capacity(
         8 + key_list.len(),
-        96 + key_bytes + limit_blob.len() + op_blob.len(),
+        96 + key_bytes + limit_blob.len() + op_blob.len() + extra_blob.len(),
     );
     cmd.arg("EVALSHA")
         .arg(script().get_hash())
@@ -285,7 +294,10 @@ pub(crate) fn invocation<'a>(
         Some(now) => cmd.arg(now.0.div_euclid(u)),
         None => cmd.arg(""),
     };
-    cmd.arg(min_ttl_ms).arg(limit_blob).arg(op_blob);
+    cmd.arg(min_ttl_ms)
+        .arg(limit_blob)
+        .arg(op_blob)
+        .arg(extra_blob);
     cmd
 }
 

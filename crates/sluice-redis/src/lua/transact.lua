@@ -9,13 +9,16 @@
 --
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
--- ops, where limits and ops are packed little-endian records:
+-- ops, extras, where the last three are packed little-endian records:
 --   limit: kind (B: 1 token bucket, 2 fixed window), p1, p2, p3, p4 (d)
 --     token bucket: tokens per period, period in ns, burst, max_reserved (-1: none)
 --     fixed window: rate, period in units, capacity, max_reserved (-1: none)
---   op: ctl (B), key a, key b (I4, indices into KEYS), limit (I4, index
---     into the limits), cost (d), origin in units (d, fixed window only)
---     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op
+--   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
+--     limits), cost (d)
+--     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
+--     16 the op has extras (else key b is key a and origin is 0)
+--   extra, one per op with ctl bit 16, in op order: key b (I4, the second
+--     candidate key of a sharded limit), origin in units (d, fixed window)
 -- Returns {now, replies}: replies is a string holding, per transaction, one
 -- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
 -- keys it used; bit 1: a state follows) and the state it saw, '<dd'.
@@ -90,28 +93,33 @@ do
   end
 end
 
--- Every op, decoded at once into a flat array of six fields per op.
-local ops = {}
-local nops = 0
-do
-  local blob = ARGV[5]
-  local per = floor(CHUNK / 6)
-  local total = #blob / 29
+-- Decodes a blob of `size`-byte records of `fields` fields each into one
+-- flat array, with one struct call per chunk of records.
+local function records(blob, fmt, fields, size)
+  local all, n = {}, 0
+  local per = floor(CHUNK / fields)
+  local total = #blob / size
   local pos = 1
-  while nops < total do
-    local n = total - nops
-    if n > per then n = per end
-    local part = {unpack_s('<' .. rep('BI4I4I4dd', n), blob, pos)}
-    pos = part[n * 6 + 1]
-    if nops == 0 then
-      ops = part
+  while n < total do
+    local m = total - n
+    if m > per then m = per end
+    local part = {unpack_s('<' .. rep(fmt, m), blob, pos)}
+    pos = part[m * fields + 1]
+    if n == 0 then
+      all = part
     else
-      local base = nops * 6
-      for i = 1, n * 6 do ops[base + i] = part[i] end
+      local base = n * fields
+      for i = 1, m * fields do all[base + i] = part[i] end
     end
-    nops = nops + n
+    n = n + m
   end
+  return all, n
 end
+
+-- Every op at once, four fields each; most ops have no extras, and each
+-- field decoded and read back costs Redis's one thread time.
+local ops, nops = records(ARGV[5], 'BI4I4d', 4, 17)
+local extras = records(ARGV[6], 'I4d', 2, 12)
 
 -- floor(a / b) for integers held exactly in doubles.
 local function idiv(a, b)
@@ -166,10 +174,11 @@ local out, nout = {}, 0
 -- (several ops only) its pending writes, which its own later ops see.
 local head, ok
 local ptok, pts, plim, porder, npend
+local nx = 0
 for i = 0, nops - 1 do
-  local f = i * 6
-  local ctl, a, b, l, cost = ops[f + 1], ops[f + 2], ops[f + 3], ops[f + 4], ops[f + 5]
-  if ctl >= 12 and a == b and kind[l] == 1 then
+  local f = i * 4
+  local ctl, a, l, cost = ops[f + 1], ops[f + 2], ops[f + 3], ops[f + 4]
+  if ctl >= 12 and ctl < 16 and kind[l] == 1 then
     -- A transaction of one op on one token-bucket key, nearly every call:
     -- the general case below, with what cannot happen here left out.
     local st, sts = tok[a], tsv[a]
@@ -209,6 +218,12 @@ for i = 0, nops - 1 do
       raw[a] = false
     end
   else
+    local b, origin = a, 0
+    if ctl >= 16 then
+      nx = nx + 2
+      b, origin = extras[nx - 1], extras[nx]
+      ctl = ctl - 16
+    end
     local first = ctl % 8 >= 4
     local last = ctl >= 8
     if first then
@@ -226,11 +241,11 @@ for i = 0, nops - 1 do
     local k, pick = a, 0
     local st, sts, seen
     if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
-    local avail, ts = advance(l, st, sts, ops[f + 6])
+    local avail, ts = advance(l, st, sts, origin)
     if b ~= a then
       local sb, sbts, seenb
       if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
-      local availb, tsb = advance(l, sb, sbts, ops[f + 6])
+      local availb, tsb = advance(l, sb, sbts, origin)
       if availb > avail then
         k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
       end
