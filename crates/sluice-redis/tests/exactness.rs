@@ -10,7 +10,7 @@
 mod support;
 
 use std::process::{Command, Stdio};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStore};
@@ -85,16 +85,25 @@ fn worker() {
     println!("RESULT {admitted} {first} {last}");
 }
 
-#[test]
-fn four_processes_share_one_exact_limit() {
-    if std::env::var("SLUICE_EXACT_WORKER").is_ok() {
-        return;
-    }
-    let server = support::RedisServer::start();
+/// One run: what the workers admitted, and over how long (seconds) from the
+/// first admission to the last. Also the longest this process was kept
+/// from running meanwhile, since a stall of the machine stalls the workers
+/// too.
+fn run(server: &support::RedisServer) -> (u64, f64, Duration) {
     let exe = std::env::current_exe().unwrap();
     // Workers start together a moment from now and stop at one end time.
     let start = unix_micros();
     let end = start + 1_000_000 + SECS * 1_000_000;
+    let watcher = std::thread::spawn(move || {
+        let tick = Duration::from_millis(1);
+        let mut worst = Duration::ZERO;
+        while unix_micros() < end {
+            let before = Instant::now();
+            std::thread::sleep(tick);
+            worst = worst.max(before.elapsed().saturating_sub(tick));
+        }
+        worst
+    });
     let children: Vec<_> = (0..PROCESSES)
         .map(|_| {
             Command::new(&exe)
@@ -120,19 +129,43 @@ fn four_processes_share_one_exact_limit() {
         first = first.min(v[1]);
         last = last.max(v[2]);
     }
-    // From the first admission to the last. The times are read by the
-    // clients as replies arrive, within milliseconds of Redis's own clock;
-    // one token of slack is 20 ms of such skew.
-    let t = (last - first) as f64 / 1e6;
-    let bound = BURST + RATE * t;
-    eprintln!("admitted {admitted} over {t:.3} s; bound {bound:.1}");
-    assert!(t > SECS as f64 - 1.5, "the run was too short: {t} s");
-    assert!(
-        admitted as f64 <= bound + 1.0,
-        "admitted {admitted} > {bound:.1}"
-    );
-    assert!(
-        admitted as f64 >= 0.98 * bound,
-        "admitted {admitted} < 98% of {bound:.1}"
-    );
+    let t = last.saturating_sub(first) as f64 / 1e6;
+    (admitted, t, watcher.join().unwrap())
+}
+
+#[test]
+fn four_processes_share_one_exact_limit() {
+    if std::env::var("SLUICE_EXACT_WORKER").is_ok() {
+        return;
+    }
+    let server = support::RedisServer::start();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let (admitted, t, stall) = run(&server);
+        // From the first admission to the last. The times are read by the
+        // clients as replies arrive, within milliseconds of Redis's own
+        // clock; one token of slack is 20 ms of such skew.
+        let bound = BURST + RATE * t;
+        eprintln!("admitted {admitted} over {t:.3} s; bound {bound:.1}; worst stall {stall:?}");
+        assert!(t > SECS as f64 - 1.5, "the run was too short: {t} s");
+        assert!(
+            admitted as f64 <= bound + 1.0,
+            "admitted {admitted} > {bound:.1}"
+        );
+        // Tokens that arrive while every process on the machine is stopped
+        // (VM steal) and the bucket is already full are lost to everyone,
+        // so a short count after such a stall says nothing of the store:
+        // that run is made again. Admitting too many is never excused.
+        let under = (admitted as f64) < 0.98 * bound;
+        if under && stall > Duration::from_millis(100) && attempts < 3 {
+            eprintln!("short after a {stall:?} stall of this process; again");
+            continue;
+        }
+        assert!(
+            !under,
+            "admitted {admitted} < 98% of {bound:.1} (worst stall {stall:?})"
+        );
+        return;
+    }
 }
