@@ -10,8 +10,8 @@
 //! arguments per batch (the limits, the operations, and the few operations'
 //! extras), decoded with `struct.unpack` in the script. That keeps them
 //! bit-exact without formatting or parsing decimal text, and a batch costs
-//! six arguments plus its keys whatever its size. Each distinct limit configuration of a batch
-//! is sent once and referred to by index.
+//! six arguments plus its keys whatever its size. Each distinct limit
+//! configuration of a batch is sent once and referred to by index.
 
 use std::collections::HashMap;
 use std::sync::LazyLock;
@@ -280,7 +280,7 @@ pub(crate) fn invocation<'a>(
         }
     }
     let mut cmd = Cmd::with_capacity(
-        8 + key_list.len(),
+        9 + key_list.len(),
         96 + key_bytes + limit_blob.len() + op_blob.len() + extra_blob.len(),
     );
     cmd.arg("EVALSHA")
