@@ -712,6 +712,71 @@ async fn upstream_connections_are_pooled_and_reused() {
 }
 
 #[tokio::test]
+async fn a_closed_client_connection_leaves_its_upstream_connection_to_the_next() {
+    let (p, seen) = pair(GENEROUS).await;
+    for i in 0..5 {
+        // A client connection per request, each closed by the client.
+        let mut raw = Raw::connect(p.addr).await;
+        raw.send(
+            format!("GET /n/{i} HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        let (status, _, _) = raw.response().await;
+        assert_eq!(status, 200);
+    }
+    assert_eq!(seen.hits(), 5);
+    assert!(
+        seen.ports() <= 2,
+        "{} upstream connections for 5 client connections one after another",
+        seen.ports()
+    );
+}
+
+/// An upstream that answers one request per connection and then closes it
+/// without saying so first, as a server whose keep-alive timeout has run
+/// out does. Sends on `closed` after each close.
+async fn one_request_upstream(closed: mpsc::UnboundedSender<()>) -> SocketAddr {
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (stream, _) = listener.accept().await.unwrap();
+            let mut stream = BufReader::new(stream);
+            let mut line = String::new();
+            loop {
+                line.clear();
+                if stream.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
+                    break;
+                }
+            }
+            let res = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nonce";
+            stream.get_mut().write_all(res).await.unwrap();
+            stream.get_mut().shutdown().await.unwrap();
+            drop(stream);
+            let _ = closed.send(());
+        }
+    });
+    addr
+}
+
+#[tokio::test]
+async fn an_upstream_connection_closed_while_idle_is_replaced_not_a_502() {
+    let (closed_tx, mut closed) = mpsc::unbounded_channel();
+    let up = one_request_upstream(closed_tx).await;
+    let p = start_proxy(GENEROUS, &format!("http://{up}"), PATIENCE).await;
+    let mut raw = Raw::connect(p.addr).await;
+    for _ in 0..3 {
+        raw.send(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n").await;
+        let (status, _, body) = raw.response().await;
+        assert_eq!(status, 200);
+        assert_eq!(body, b"once");
+        // The upstream has closed the connection the proxy keeps for this
+        // client before the client's next request.
+        closed.recv().await.unwrap();
+    }
+}
+
+#[tokio::test]
 async fn hop_by_hop_headers_are_stripped_both_ways_and_clients_are_kept_alive() {
     let (p, seen) = pair(GENEROUS).await;
     let mut raw = Raw::connect(p.addr).await;

@@ -1,6 +1,6 @@
 //! The forwarding half of the proxy: a tower service that sends each
-//! request on to the upstream over a pool of kept-alive connections and
-//! streams the answer back, rewriting only what a proxy must (hop-by-hop
+//! request on to the upstream over kept-alive connections (see [`super::pool`])
+//! and streams the answer back, rewriting only what a proxy must (hop-by-hop
 //! headers, `Host`, `X-Forwarded-*`) and answering 502/504 itself when the
 //! upstream fails.
 
@@ -21,27 +21,17 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Version};
 use http_body_util::{Either, Full};
 use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::upgrade::OnUpgrade;
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::TokioIo;
 use sluice_core::Store;
 use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr};
 use tokio::sync::oneshot;
 
 use super::Upstream;
+use super::pool::{Lane, Pool, Reusing, SendError};
 
 /// The body of a proxied response: the upstream's, streamed, or one the
 /// proxy wrote (a 502 or 504).
-pub(crate) type ProxyBody = Either<Incoming, Full<Bytes>>;
-
-/// How long an idle upstream connection stays in the pool. Shorter than
-/// the usual upstream keep-alive timeouts would only cost reconnects; the
-/// pool drops a connection the upstream closed as soon as it notices.
-const POOL_IDLE: Duration = Duration::from_secs(60);
-
-/// TCP keep-alive probes on upstream connections, so that a peer that
-/// vanished without a FIN is noticed while the connection idles.
-const TCP_KEEPALIVE: Duration = Duration::from_secs(60);
+pub(crate) type ProxyBody = Either<Reusing, Full<Bytes>>;
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -51,7 +41,10 @@ const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 /// Sends requests to the upstream. Cheap to clone: clones share the
 /// connection pool.
 pub(crate) struct Forward<S> {
-    client: Client<HttpConnector, SentBody>,
+    pool: Arc<Pool>,
+    /// `sluice_proxy_upstream_seconds`, looked up once rather than per
+    /// request (the recorder is installed before the proxy starts).
+    upstream_seconds: ::metrics::Histogram,
     upstream: Arc<Upstream>,
     /// For the policy's trusted proxies, whose `X-Forwarded-*` are kept.
     enforcer: Arc<Enforcer<S>>,
@@ -60,7 +53,8 @@ pub(crate) struct Forward<S> {
 impl<S> Clone for Forward<S> {
     fn clone(&self) -> Self {
         Forward {
-            client: self.client.clone(),
+            pool: Arc::clone(&self.pool),
+            upstream_seconds: self.upstream_seconds.clone(),
             upstream: Arc::clone(&self.upstream),
             enforcer: Arc::clone(&self.enforcer),
         }
@@ -70,21 +64,17 @@ impl<S> Clone for Forward<S> {
 impl<S: Store + 'static> Forward<S> {
     /// A forwarder to `upstream`, with its own connection pool.
     pub(crate) fn new(upstream: Upstream, enforcer: Arc<Enforcer<S>>) -> Self {
-        let mut connector = HttpConnector::new();
-        // Small requests and responses would otherwise wait on Nagle.
-        connector.set_nodelay(true);
-        connector.set_keepalive(Some(TCP_KEEPALIVE));
-        connector.set_connect_timeout(Some(upstream.timeout()));
-        let client = Client::builder(TokioExecutor::new())
-            // Without a timer the pool never evicts idle connections.
-            .pool_timer(TokioTimer::new())
-            .pool_idle_timeout(POOL_IDLE)
-            .build(connector);
         Forward {
-            client,
+            pool: Pool::new(upstream.origin(), upstream.timeout()),
+            upstream_seconds: ::metrics::histogram!("sluice_proxy_upstream_seconds"),
             upstream: Arc::new(upstream),
             enforcer,
         }
+    }
+
+    /// The upstream connections, for client connections' lanes.
+    pub(crate) fn pool(&self) -> Arc<Pool> {
+        Arc::clone(&self.pool)
     }
 
     async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
@@ -102,7 +92,12 @@ impl<S: Store + 'static> Forward<S> {
         let client_upgrade = upgrade
             .as_ref()
             .and_then(|_| parts.extensions.remove::<OnUpgrade>());
-        let Ok(uri) = self.upstream.uri_for(&parts.uri) else {
+        // The client connection's lane, or one for this request alone.
+        let lane = parts
+            .extensions
+            .remove::<Arc<Lane>>()
+            .unwrap_or_else(|| Lane::new(Arc::clone(&self.pool)));
+        let Ok(uri) = self.upstream.target_for(&parts.uri) else {
             return problem(
                 StatusCode::BAD_REQUEST,
                 "the request target cannot be forwarded",
@@ -123,9 +118,15 @@ impl<S: Store + 'static> Forward<S> {
         if parts.version == Version::HTTP_2 {
             join_cookies(&mut headers);
         }
-        if let Some(h) = &host {
-            headers.insert(HOST, h.clone());
-        }
+        match &host {
+            Some(h) => headers.insert(HOST, h.clone()),
+            // An HTTP/1.0 request may have no `Host`; HTTP/1.1 needs one.
+            None => headers.insert(
+                HOST,
+                HeaderValue::from_str(self.upstream.authority().as_str())
+                    .unwrap_or(HeaderValue::from_static("localhost")),
+            ),
+        };
         if let Some(protocol) = upgrade {
             headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(UPGRADE, protocol);
@@ -151,10 +152,10 @@ impl<S: Store + 'static> Forward<S> {
         };
         let started = Instant::now();
         let result = tokio::select! {
-            r = self.client.request(out) => Some(r),
+            r = lane.send(out) => Some(r),
             () = deadline => None,
         };
-        ::metrics::histogram!("sluice_proxy_upstream_seconds")
+        self.upstream_seconds
             .record(started.elapsed().as_secs_f64());
         match result {
             Some(Ok(mut res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -241,7 +242,7 @@ impl<S: Store + 'static> tower::Service<Request<Incoming>> for Forward<S> {
     }
 }
 
-fn upstream_error(kind: &'static str, e: &hyper_util::client::legacy::Error) {
+fn upstream_error(kind: &'static str, e: &SendError) {
     upstream_error_message(kind, &chain(e));
 }
 
@@ -283,8 +284,8 @@ async fn tunnel(client: OnUpgrade, upstream: OnUpgrade) {
     open.decrement(1.0);
 }
 
-/// An error and its causes on one line: the legacy client's own message is
-/// only "client error (Connect)".
+/// An error and its causes on one line: the outermost message alone says
+/// little ("cannot connect to the upstream").
 fn chain(e: &dyn std::error::Error) -> String {
     let mut out = e.to_string();
     let mut source = e.source();

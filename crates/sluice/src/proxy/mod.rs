@@ -36,6 +36,7 @@
 
 mod admin;
 mod forward;
+mod pool;
 mod upstream;
 
 use std::net::SocketAddr;
@@ -231,12 +232,16 @@ pub async fn proxy<S: Store + 'static>(
     upstream: Upstream,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let service =
-        RateLimitLayer::new(Arc::clone(&enforcer)).layer(forward::Forward::new(upstream, enforcer));
+    let forward = forward::Forward::new(upstream, Arc::clone(&enforcer));
+    let pool = forward.pool();
+    let service = RateLimitLayer::new(enforcer).layer(forward);
     let per_connection = move |peer: SocketAddr| {
         let service = service.clone();
+        // Requests on one client connection reuse one upstream connection.
+        let lane = pool::Lane::new(Arc::clone(&pool));
         hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
+            req.extensions_mut().insert(Arc::clone(&lane));
             service.clone().oneshot(req)
         })
     };

@@ -186,23 +186,40 @@ impl Upstream {
         self.body_timeout
     }
 
-    /// The upstream URI of a request whose target was `original`: the base
-    /// path, then the request's own path and query. An `OPTIONS *` target
-    /// (no leading slash) becomes the base path itself, or `/`.
-    pub(crate) fn uri_for(&self, original: &Uri) -> Result<Uri, http::Error> {
+    /// The origin-form target (path and query) that a request whose target
+    /// was `original` has upstream: the base path, then the request's own
+    /// path and query. An `OPTIONS *` target (no leading slash) becomes the
+    /// base path itself, or `/`.
+    pub(crate) fn target_for(&self, original: &Uri) -> Result<Uri, http::Error> {
         let target = original.path_and_query().map_or("/", PathAndQuery::as_str);
         let path = if target.starts_with('/') {
+            if let (true, Some(same)) = (self.base.is_empty(), original.path_and_query()) {
+                return Ok(Uri::from(same.clone()));
+            }
             format!("{}{target}", self.base)
         } else if self.base.is_empty() {
             "/".to_owned()
         } else {
             self.base.clone()
         };
-        Uri::builder()
-            .scheme(Scheme::HTTP)
-            .authority(self.authority.clone())
-            .path_and_query(path)
-            .build()
+        Ok(Uri::from(PathAndQuery::try_from(path)?))
+    }
+
+    /// `http://host:port`: where connections go.
+    pub(crate) fn origin(&self) -> Uri {
+        Uri::from_parts({
+            let mut parts = http::uri::Parts::default();
+            parts.scheme = Some(Scheme::HTTP);
+            parts.authority = Some(self.authority.clone());
+            parts.path_and_query = Some(PathAndQuery::from_static("/"));
+            parts
+        })
+        .unwrap_or_default()
+    }
+
+    /// The upstream's `host:port`, its `Host` for a request without one.
+    pub(crate) fn authority(&self) -> &Authority {
+        &self.authority
     }
 }
 
@@ -228,19 +245,26 @@ mod tests {
 
     fn join(upstream: &str, target: &str) -> String {
         let up = Upstream::parse(upstream).unwrap();
-        up.uri_for(&target.parse().unwrap()).unwrap().to_string()
+        up.target_for(&target.parse().unwrap()).unwrap().to_string()
     }
 
     #[test]
     fn paths_join_under_the_base_with_one_slash() {
-        assert_eq!(join("http://u:1", "/a?b=c"), "http://u:1/a?b=c");
-        assert_eq!(join("http://u:1/", "/a"), "http://u:1/a");
-        assert_eq!(join("http://u:1/base", "/a?x"), "http://u:1/base/a?x");
-        assert_eq!(join("http://u:1/base/", "/"), "http://u:1/base/");
+        assert_eq!(join("http://u:1", "/a?b=c"), "/a?b=c");
+        assert_eq!(join("http://u:1/", "/a"), "/a");
+        assert_eq!(join("http://u:1/base", "/a?x"), "/base/a?x");
+        assert_eq!(join("http://u:1/base/", "/"), "/base/");
         // Absolute-form targets keep only their path and query.
-        assert_eq!(join("http://u:1/b", "http://other/x?y"), "http://u:1/b/x?y");
-        assert_eq!(join("http://u:1/b", "*"), "http://u:1/b");
-        assert_eq!(join("http://u:1", "*"), "http://u:1/");
+        assert_eq!(join("http://u:1/b", "http://other/x?y"), "/b/x?y");
+        assert_eq!(join("http://u:1/b", "*"), "/b");
+        assert_eq!(join("http://u:1", "*"), "/");
+    }
+
+    #[test]
+    fn connections_go_to_the_origin() {
+        let up = Upstream::parse("http://[::1]:8080/api").unwrap();
+        assert_eq!(up.origin().to_string(), "http://[::1]:8080/");
+        assert_eq!(up.authority().as_str(), "[::1]:8080");
     }
 
     #[test]
