@@ -712,6 +712,20 @@ async fn upstream_connections_are_pooled_and_reused() {
 }
 
 #[tokio::test]
+async fn a_request_without_host_gets_the_upstreams() {
+    let (up, _) = start_upstream().await;
+    let p = start_proxy(GENEROUS, &format!("http://{up}"), PATIENCE).await;
+    let mut raw = Raw::connect(p.addr).await;
+    // HTTP/1.0 does not require Host; the HTTP/1.1 upstream does.
+    raw.send(b"GET /x HTTP/1.0\r\n\r\n").await;
+    let (status, _, body) = raw.response().await;
+    assert_eq!(status, 200);
+    let got: Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(got["headers"]["host"], json!([up.to_string()]));
+    assert_eq!(got["version"], "HTTP/1.1");
+}
+
+#[tokio::test]
 async fn a_closed_client_connection_leaves_its_upstream_connection_to_the_next() {
     let (p, seen) = pair(GENEROUS).await;
     for i in 0..5 {
