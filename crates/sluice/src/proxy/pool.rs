@@ -15,7 +15,7 @@
 
 use std::error::Error as StdError;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
@@ -257,7 +257,7 @@ impl Lane {
                     let mut body = Reusing {
                         inner: body,
                         sender: Some(sender),
-                        lane: Arc::downgrade(self),
+                        lane: Arc::clone(self),
                     };
                     if body.inner.is_end_stream() {
                         body.done();
@@ -286,7 +286,9 @@ impl Drop for Lane {
 pub(crate) struct Reusing {
     inner: Incoming,
     sender: Option<SendRequest<SentBody>>,
-    lane: Weak<Lane>,
+    /// Held until the body ends, so that a lane made for one request
+    /// still gives its connection to the pool when it goes.
+    lane: Arc<Lane>,
 }
 
 impl Reusing {
@@ -295,9 +297,7 @@ impl Reusing {
         let Some(sender) = self.sender.take() else {
             return;
         };
-        if let Some(lane) = self.lane.upgrade() {
-            lane.give_back(sender);
-        }
+        self.lane.give_back(sender);
     }
 }
 
