@@ -9,8 +9,10 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::Body;
+use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
+use http_body_util::channel::Channel;
+use hyper::body::Frame;
 use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
@@ -198,10 +200,55 @@ async fn bad_input_gets_a_4xx_problem() {
     )
     .await;
     assert_eq!(st, 400);
-    // A method an endpoint does not take is a problem too.
-    let (st, ctype, j) = call(&s, "GET", "/v1/reset", Body::empty(), None).await;
-    assert_eq!((st, ctype.as_str()), (405, "application/problem+json"));
-    assert_eq!(j["status"], 405, "{j}");
+    // A method an endpoint does not take is a problem too, on the decision
+    // calls (answered before the router) as on the others.
+    for uri in ["/v1/reset", "/v1/limit", "/v1/check"] {
+        let (st, ctype, j) = call(&s, "GET", uri, Body::empty(), None).await;
+        assert_eq!(
+            (st, ctype.as_str()),
+            (405, "application/problem+json"),
+            "{uri}"
+        );
+        assert_eq!(j["status"], 405, "{uri}: {j}");
+    }
+    let (st, _, _) = call(&s, "POST", "/v1/limit/", "{}", None).await;
+    assert_eq!(st, 404);
+}
+
+/// A body of `pieces`, sent one after another with no length announced, as
+/// a client streaming a chunked body does.
+fn in_pieces(pieces: Vec<Vec<u8>>) -> Body {
+    let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(pieces.len().max(1));
+    for piece in pieces {
+        assert!(tx.try_send(Frame::data(Bytes::from(piece))).is_ok());
+    }
+    Body::new(body)
+}
+
+#[tokio::test]
+async fn a_body_in_pieces_is_read_whole_and_held_to_the_limit() {
+    let s = state(None);
+    let call_json = br#"{"limit": "sendMessage", "key": "pieces", "count": 2}"#;
+    let pieces = call_json.chunks(7).map(<[u8]>::to_vec).collect();
+    let (st, _, j) = call(&s, "POST", "/v1/limit", in_pieces(pieces), None).await;
+    assert_eq!((st, &j["remaining"]), (200, &0.into()), "{j}");
+    // Over the limit only in total, and with no length to refuse it by.
+    let chunk = vec![b' '; MAX_BODY / 4];
+    for uri in ["/v1/limit", "/v1/decide"] {
+        let (st, ctype, j) = call(&s, "POST", uri, in_pieces(vec![chunk.clone(); 5]), None).await;
+        assert_eq!(
+            (st, ctype.as_str()),
+            (413, "application/problem+json"),
+            "{uri}"
+        );
+        assert_eq!(j["status"], 413, "{uri}: {j}");
+    }
+    // Exactly at the limit is still read: blanks, then the call.
+    let mut exact = vec![b' '; MAX_BODY - call_json.len()];
+    exact.extend_from_slice(call_json);
+    let pieces = exact.chunks(MAX_BODY / 3).map(<[u8]>::to_vec).collect();
+    let (st, _, j) = call(&s, "POST", "/v1/check", in_pieces(pieces), None).await;
+    assert_eq!((st, &j["allowed"]), (429, &false.into()), "{j}");
 }
 
 #[tokio::test]

@@ -15,7 +15,7 @@ use sluice_http::Enforcer;
 use sluice_policy::Policy;
 use tokio::net::TcpListener;
 
-pub use api::{AppState, MAX_BODY, app};
+pub use api::{Api, AppState, MAX_BODY, app};
 pub use metrics::Metrics;
 pub use rls::{Rls, serve_grpc};
 pub use store::AnyStore;
