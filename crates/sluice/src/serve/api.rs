@@ -87,6 +87,31 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 /// request goes through the router, which holds those two routes as well.
 /// The router's matching, boxed services and request extensions were a
 /// seventh of a `/v1/limit` call's instructions (callgrind).
+///
+/// ```
+/// # use std::sync::Arc;
+/// use axum::body::Body;
+/// use sluice::serve::{AnyStore, Api, AppState, app};
+/// # use sluice_core::MemoryStore;
+/// # use sluice_http::Enforcer;
+/// # use sluice_policy::Policy;
+/// use tower::ServiceExt;
+///
+/// let api: Api = app(Arc::new(AppState {
+///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
+///     admin_token: None,
+///     metrics: None,
+///     reload_error: Default::default(),
+/// }));
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let get = |path| http::Request::get(path).body(Body::empty());
+/// let health = api.clone().oneshot(get("/healthz")?).await?;
+/// let limit = api.oneshot(get("/v1/limit")?).await?;
+/// assert_eq!((health.status().as_u16(), limit.status().as_u16()), (200, 405));
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// # })?;
+/// # Ok::<_, Box<dyn std::error::Error>>(())
+/// ```
 pub struct Api<C = SystemClock> {
     state: Arc<AppState<C>>,
     router: Router,
