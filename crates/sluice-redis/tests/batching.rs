@@ -76,7 +76,12 @@ fn transaction(rng: &mut fastrand::Rng, limits: &[Limit]) -> (String, Vec<(usize
 async fn concurrent_batches_account_for_every_token() {
     let server = support::RedisServer::start();
     let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
-    let config = RedisConfig::from_url(&server.url()).unwrap();
+    // The accounting is under test, not the deadline: with the default
+    // 50 ms, a machine that stalls the test for that long failed it with
+    // "store timed out" (seen in a full local run).
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(std::time::Duration::from_secs(5));
     let store = Arc::new(RedisStore::with_clock(config, clock.clone()).unwrap());
     let limits = Arc::new(limits());
 
