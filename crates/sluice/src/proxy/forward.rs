@@ -388,13 +388,6 @@ fn join_cookies(headers: &mut HeaderMap) {
     }
 }
 
-/// `X-Forwarded-For` gets the peer appended, so its last entry is always
-/// the address this proxy saw; so does `Forwarded` when the request has one,
-/// so that the two never tell a server behind this proxy different things
-/// (and one that reads both cannot be steered by the one a client wrote).
-/// `X-Forwarded-Host` and `-Proto` are set from this hop, unless the peer is
-/// one of the policy's trusted proxies and already said them (a TLS
-/// terminator in front knows the real scheme).
 /// Appends `ip` as `Display` writes it. Every proxied request writes its
 /// peer's address, and an IPv4 one is four numbers: formatting them
 /// directly skips the formatting machinery, which cost more than the rest
@@ -417,6 +410,13 @@ fn push_ip(out: &mut String, ip: IpAddr) {
     }
 }
 
+/// `X-Forwarded-For` gets the peer appended, so its last entry is always
+/// the address this proxy saw; so does `Forwarded` when the request has one,
+/// so that the two never tell a server behind this proxy different things
+/// (and one that reads both cannot be steered by the one a client wrote).
+/// `X-Forwarded-Host` and `-Proto` are set from this hop, unless the peer is
+/// one of the policy's trusted proxies and already said them (a TLS
+/// terminator in front knows the real scheme).
 fn add_forwarded(
     headers: &mut HeaderMap,
     peer: Option<IpAddr>,
