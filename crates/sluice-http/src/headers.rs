@@ -365,3 +365,51 @@ pub(crate) fn is_grpc(h: &HeaderMap) -> bool {
 pub(crate) fn set_problem_type(h: &mut HeaderMap) {
     h.insert(CONTENT_TYPE, PROBLEM_JSON);
 }
+
+#[cfg(test)]
+mod tests {
+    use sluice_core::Decision;
+
+    use super::*;
+    use crate::engine::RuleDecision;
+
+    fn rule(name: &str, remaining: u64, reset: f64) -> RuleDecision {
+        RuleDecision {
+            rule: name.into(),
+            key: "k".into(),
+            decision: Decision {
+                allowed: remaining > 0,
+                limit: 10.0,
+                remaining,
+                retry_after: None,
+                reset,
+            },
+            window: 2.5,
+        }
+    }
+
+    #[test]
+    fn every_value_is_its_own_and_names_stay_well_formed_strings() {
+        let v = Verdict {
+            allowed: false,
+            rules: vec![rule("a\"b\\c é\n", 4, 0.2), rule("second", 0, 7.5)],
+            deciding: Some(1),
+            retry_after: Some(7.5),
+            ..Verdict::default()
+        };
+        let h = rate_limit_headers(&v);
+        assert_eq!(
+            h[RATELIMIT_POLICY],
+            r#""a\"b\\c __";q=10;w=3, "second";q=10;w=3"#
+        );
+        assert_eq!(h[RATELIMIT], r#""a\"b\\c __";r=4;t=1, "second";r=0;t=8"#);
+        assert_eq!(h[RATELIMIT_LIMIT], "10");
+        assert_eq!(h[RATELIMIT_REMAINING], "0");
+        assert_eq!(h[RATELIMIT_RESET], "8");
+        assert_eq!(h[X_RATELIMIT_LIMIT], "10");
+        assert_eq!(h[X_RATELIMIT_REMAINING], "0");
+        let retry: u64 = h[RETRY_AFTER].to_str().unwrap().parse().unwrap();
+        assert_eq!(retry, retry_after_secs(7.5, "second/k"));
+        assert_eq!(h.len(), 8);
+    }
+}
