@@ -156,8 +156,8 @@ impl Pool {
         None
     }
 
-    /// Keeps `sender` for a later request, unless it is closed or the pool
-    /// is full.
+    /// Keeps `idle` for a later request, unless its connection is closed or
+    /// the pool is full.
     fn put(&self, idle: Idle) {
         if idle.sender.is_closed() {
             return;

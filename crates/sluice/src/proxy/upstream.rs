@@ -193,7 +193,9 @@ impl Upstream {
     pub(crate) fn target_for(&self, original: &Uri) -> Result<Uri, http::Error> {
         let target = original.path_and_query().map_or("/", PathAndQuery::as_str);
         let path = if target.starts_with('/') {
-            if let (true, Some(same)) = (self.base.is_empty(), original.path_and_query()) {
+            if self.base.is_empty()
+                && let Some(same) = original.path_and_query()
+            {
                 return Ok(Uri::from(same.clone()));
             }
             format!("{}{target}", self.base)
