@@ -254,9 +254,12 @@ impl Lane {
             match sender.try_send_request(req).await {
                 Ok(res) => {
                     let (parts, body) = res.into_parts();
+                    // A 101's body is empty, so it would be given back at
+                    // once; but its connection now belongs to the tunnel.
+                    let switched = parts.status == http::StatusCode::SWITCHING_PROTOCOLS;
                     let mut body = Reusing {
                         inner: body,
-                        sender: Some(sender),
+                        sender: (!switched).then_some(sender),
                         lane: Arc::clone(self),
                     };
                     if body.inner.is_end_stream() {
