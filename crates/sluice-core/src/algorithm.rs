@@ -324,6 +324,85 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     Nanos(state.ts.0.saturating_add(span as i64))
 }
 
+/// The emptiest state at `now` of a key that is known only to be full by
+/// `full_at` (as [`full_at`] rounds it), or `None` when that time has come.
+///
+/// Every state whose [`full_at`] is at most `full_at` holds at least these
+/// tokens at `now` and at every later time, so a store that forgot a key
+/// and kept only that time errs towards denying when it brings the key
+/// back.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::{emptiest_full_by, full_at, State}};
+/// let tb = Algorithm::from(TokenBucket::new(2.0, 10.0).unwrap());
+/// let s = State { tokens: 4.0, ts: Nanos(0) };
+/// let back = emptiest_full_by(&tb, full_at(&tb, &s), 0, Nanos(1_000_000_000)).unwrap();
+/// assert!(back.tokens <= 6.0 && back.tokens > 5.999);
+/// assert_eq!(emptiest_full_by(&tb, full_at(&tb, &s), 0, Nanos(3_000_000_000)), None);
+/// ```
+pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos) -> Option<State> {
+    if full_at <= now {
+        return None;
+    }
+    let ts = match alg {
+        Algorithm::TokenBucket(_) => now,
+        Algorithm::FixedWindow(fw) => {
+            window_start(now, fw.start().map_or(offset, |s| s.0), fw.period().0)
+        }
+    };
+    Some(State {
+        tokens: least_tokens(alg, full_at, now),
+        ts,
+    })
+}
+
+/// The fewest tokens at `now` of any key that is full by `full_at`, on any
+/// window alignment.
+fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
+    let span = full_at.0.saturating_sub(now.0).max(0);
+    match alg {
+        // One nanosecond more than the span keeps float rounding in the
+        // refill from crediting a token the key did not have.
+        Algorithm::TokenBucket(tb) => tb.burst() - tb.refill(span.saturating_add(1)),
+        // A span of length L holds at most ceil(L / period) boundaries of
+        // any alignment, each adding `rate`; on the key's own alignment,
+        // where `full_at` lies, exactly that many.
+        Algorithm::FixedWindow(fw) => {
+            let boundaries = (span as u64).div_ceil(fw.period().0 as u64) as f64;
+            fw.capacity() - fw.rate() * boundaries
+        }
+    }
+}
+
+/// Carries a forgotten key's refill time from one configuration to
+/// another: the latest time by which a key that was full by `full_at`
+/// under `from` is full under `to`, on any window alignment.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, TokenBucket, algorithm::refill_time_under};
+/// let slow = Algorithm::from(TokenBucket::new(1.0, 10.0).unwrap());
+/// let fast = Algorithm::from(TokenBucket::new(10.0, 10.0).unwrap());
+/// // Four tokens short under the slow rate is 0.4 s short under the fast one.
+/// let at = refill_time_under(&slow, &fast, Nanos(4_000_000_000), Nanos(0));
+/// assert!((400_000_000..=400_000_010).contains(&at.0));
+/// ```
+pub fn refill_time_under(from: &Algorithm, to: &Algorithm, full_at: Nanos, now: Nanos) -> Nanos {
+    if full_at <= now {
+        return full_at;
+    }
+    let missing = to.capacity() - least_tokens(from, full_at, now);
+    if missing <= 0.0 {
+        return now;
+    }
+    let span = match to {
+        Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
+        // Counted from `now`, not from the start of the key's window, which
+        // is no later: an upper bound on any alignment.
+        Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+    };
+    Nanos(now.0.saturating_add(span as i64))
+}
+
 /// The `offset` argument of [`evaluate`] for `key` under `alg`: the key's
 /// own window alignment for a fixed window without a `start`, else 0.
 ///

@@ -104,6 +104,55 @@ fn a_burst_at_one_instant_admits_the_burst_then_waits_for_the_rate() {
     assert_eq!(ds[3]["reset"], 3.0);
 }
 
+/// A flood of drained keys larger than `max_keys` makes the store forget
+/// the victim's bucket, the one nearest to full; it must come back as empty
+/// as it left, not full.
+#[test]
+fn a_flood_beyond_the_key_cap_never_refills_an_over_limit_victim() {
+    let policy = "
+store: {kind: memory, max_keys: 1000}
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 1h, burst: 5}
+";
+    let mut events = Vec::new();
+    let mut ms = 0u32;
+    let mut t = 0.0;
+    let mut victim = |events: &mut Vec<Value>, t: f64| events.push(req(t, "198.51.100.7"));
+    for _ in 0..5 {
+        victim(&mut events, t);
+    }
+    for i in 0..3_000u32 {
+        let ip = format!("10.{}.{}.{}", i >> 16, (i >> 8) & 255, i & 255);
+        for _ in 0..5 {
+            ms += 1;
+            t = f64::from(ms) / 1_000.0;
+            events.push(req(t, &ip));
+        }
+        if i % 12 == 0 {
+            victim(&mut events, t);
+        }
+    }
+    let ds = replay(policy, &events);
+    let to_victim: Vec<&Value> = ds
+        .iter()
+        .zip(&events)
+        .filter(|(_, e)| e["ip"] == "198.51.100.7")
+        .map(|(d, _)| &d["allowed"])
+        .collect();
+    assert_eq!(to_victim.len(), 255);
+    let admitted = to_victim
+        .iter()
+        .filter(|a| ***a == Value::Bool(true))
+        .count();
+    assert_eq!(
+        admitted, 5,
+        "the victim's burst, and nothing the flood refilled"
+    );
+}
+
 #[test]
 fn an_idle_gap_longer_than_the_refill_time_refills_only_to_the_burst() {
     let mut events: Vec<Value> = (0..3).map(|_| req(0.0, "203.0.113.9")).collect();

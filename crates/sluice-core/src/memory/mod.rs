@@ -20,9 +20,11 @@ use crate::decision::{Decision, Outcome, Value};
 use crate::store::{Mode, Op, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
 
+mod ghosts;
 mod hot;
 mod slots;
 
+use ghosts::Ghosts;
 use hot::{Held, Hot};
 use slots::{Entry, Probe, Slots, nonzero};
 
@@ -60,6 +62,9 @@ struct Table {
     /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
     entries: Slots,
+    /// Keys the cap dropped before they were full; made at the first such
+    /// drop, so a store without a cap, or that never reaches it, has none.
+    ghosts: Option<Box<Ghosts>>,
 }
 
 impl Table {
@@ -68,8 +73,22 @@ impl Table {
         *self.limit.shard_algorithm()
     }
 
-    fn get(&self, fp: u64) -> Option<State> {
-        self.entries.get(fp).map(Entry::state)
+    /// The key's state: its entry, else what the cap's eviction left of it,
+    /// else none (full).
+    fn get(&self, fp: u64, offset: i64, now: Nanos) -> Option<State> {
+        match self.entries.get(fp) {
+            Some(e) => Some(e.state()),
+            None => self.forgotten(fp, offset, now),
+        }
+    }
+
+    /// The state of a key that has no entry: full, unless the cap dropped
+    /// it while it was short of tokens, in which case it is no fuller now
+    /// than it would have been.
+    #[inline]
+    fn forgotten(&self, fp: u64, offset: i64, now: Nanos) -> Option<State> {
+        let full_at = self.ghosts.as_ref()?.recall(fp, now)?;
+        algorithm::emptiest_full_by(&self.alg(), full_at, offset, now)
     }
 
     /// Stores `s`, or forgets the key when `s` is full. Returns the change in
@@ -105,7 +124,11 @@ impl Table {
         }
     }
 
-    fn remove(&mut self, fp: u64) -> isize {
+    /// Forgets the key entirely: it is full from `now` on.
+    fn remove(&mut self, fp: u64, now: Nanos) -> isize {
+        if let Some(g) = &mut self.ghosts {
+            g.forget(fp, now);
+        }
         -isize::from(self.entries.remove(fp))
     }
 }
@@ -139,8 +162,9 @@ impl Shard {
     }
 
     /// The table of `limit`, created on first use. A changed configuration
-    /// takes effect at once and keeps the stored tokens.
-    fn table(&mut self, limit: &Limit) -> usize {
+    /// takes effect at once and keeps the stored tokens; what the key cap
+    /// forgot is carried over as the new configuration would count it.
+    fn table(&mut self, limit: &Limit, now: Nanos) -> usize {
         if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
             return i;
         }
@@ -150,13 +174,19 @@ impl Shard {
             .position(|t| t.limit.name() == limit.name())
         {
             Some(i) => {
-                self.tables[i].limit = limit.clone();
+                let table = &mut self.tables[i];
+                let (from, to) = (table.alg(), *limit.shard_algorithm());
+                if let Some(g) = &mut table.ghosts {
+                    g.remap(now, |at| algorithm::refill_time_under(&from, &to, at, now));
+                }
+                table.limit = limit.clone();
                 i
             }
             None => {
                 self.tables.push(Table {
                     limit: limit.clone(),
                     entries: Slots::default(),
+                    ghosts: None,
                 });
                 self.tables.len() - 1
             }
@@ -202,7 +232,7 @@ impl Shard {
         }
         self.recount();
         if self.len > cap {
-            self.evict_nearest_full(cap - cap / 8);
+            self.evict_nearest_full(cap - cap / 8, now, cap);
         }
     }
 
@@ -221,7 +251,9 @@ impl Shard {
         self.len = self.tables.iter().map(|t| t.entries.len()).sum();
     }
 
-    fn evict_nearest_full(&mut self, target: usize) {
+    /// Drops the entries nearest to full until `target` are left, leaving
+    /// each one's refill time behind in its table's ghosts (room for `cap`).
+    fn evict_nearest_full(&mut self, target: usize, now: Nanos, cap: usize) {
         let mut times: Vec<i64> = self
             .tables
             .iter()
@@ -239,9 +271,14 @@ impl Shard {
         let mut budget = excess;
         for t in &mut self.tables {
             let alg = t.alg();
+            let ghosts = &mut t.ghosts;
             t.entries.retain(|e| {
-                if budget > 0 && algorithm::full_at(&alg, &e.state()).0 <= cutoff {
+                let full_at = algorithm::full_at(&alg, &e.state());
+                if budget > 0 && full_at.0 <= cutoff {
                     budget -= 1;
+                    ghosts
+                        .get_or_insert_with(|| Box::new(Ghosts::with_room_for(cap)))
+                        .remember(e.fp, full_at, now);
                     false
                 } else {
                     true
@@ -524,13 +561,13 @@ impl<C: Clock> MemoryStore<C> {
             return d;
         }
         let shard = &mut *guard;
-        let t = shard.table(op.limit);
+        let t = shard.table(op.limit, now);
         let table = &mut shard.tables[t];
         // One probe serves both the read and the write.
         let probe = table.entries.find(fp);
         let state = match probe {
             Probe::Found(i) => Some(table.entries.at_mut(i).state()),
-            Probe::Vacant => None,
+            Probe::Vacant => table.forgotten(fp, offset, now),
         };
         let ev = algorithm::evaluate(alg, state, offset, now, op.cost, mode.reserve);
         let heat = match (ev.next, state) {
@@ -611,7 +648,7 @@ impl<C: Clock> MemoryStore<C> {
             let offset = algorithm::key_offset(&alg, op.key);
             let mut slot_of = |fp: u64| {
                 let guard = locks.binary_search(&self.lock_index(fp)).unwrap_or(0);
-                let table = guards[guard].table(op.limit);
+                let table = guards[guard].table(op.limit, now);
                 Slot { guard, table, fp }
             };
             let (sa, sb) = (slot_of(fa), slot_of(fb));
@@ -622,7 +659,7 @@ impl<C: Clock> MemoryStore<C> {
                     .rev()
                     .find(|(p, _)| *p == s)
                     .map(|&(_, st)| st)
-                    .or_else(|| guards[s.guard].tables[s.table].get(s.fp))
+                    .or_else(|| guards[s.guard].tables[s.table].get(s.fp, offset, now))
             };
             let (slot, state) = if sa == sb {
                 (sa, read(sa))
@@ -648,7 +685,7 @@ impl<C: Clock> MemoryStore<C> {
             // had before the transaction.
             for ((d, op), &(slot, offset)) in outcome.decisions.iter_mut().zip(ops).zip(&chosen) {
                 if d.allowed {
-                    let st = guards[slot.guard].tables[slot.table].get(slot.fp);
+                    let st = guards[slot.guard].tables[slot.table].get(slot.fp, offset, now);
                     *d = algorithm::unspent(op.limit.shard_algorithm(), st, offset, now, *d);
                 }
             }
@@ -670,6 +707,7 @@ impl<C: Clock> MemoryStore<C> {
         &self,
         limit: &Limit,
         key: &str,
+        now: Nanos,
         mut f: impl FnMut(&Lane, &mut Shard, usize, u64) -> R,
     ) -> SmallVec<[R; 1]> {
         (0..limit.shards())
@@ -677,7 +715,7 @@ impl<C: Clock> MemoryStore<C> {
                 let fp = self.fingerprint(key, s);
                 let lane = &self.shards[self.lock_index(fp)].0;
                 let mut shard = lane.lock.lock();
-                let table = shard.table(limit);
+                let table = shard.table(limit, now);
                 f(lane, &mut shard, table, fp)
             })
             .collect()
@@ -694,10 +732,11 @@ impl<C: Clock> MemoryStore<C> {
     /// assert!(store.transact_now(&[Op::new(&limit, "a", 1.0)], Mode::CONSUME).unwrap().allowed);
     /// ```
     pub fn reset_now(&self, limit: &Limit, key: &str) {
-        self.with_key_slots(limit, key, |lane, shard, t, fp| {
+        let now = self.clock.now();
+        self.with_key_slots(limit, key, now, |lane, shard, t, fp| {
             // The slot's state is dropped with the table's.
             lane.hot.take(hint_tag(fp, limit));
-            let delta = shard.tables[t].remove(fp);
+            let delta = shard.tables[t].remove(fp, now);
             shard.apply(delta);
         });
     }
@@ -714,9 +753,9 @@ impl<C: Clock> MemoryStore<C> {
         let alg = *limit.shard_algorithm();
         let offset = algorithm::key_offset(&alg, key);
         let now = self.clock.now();
-        let parts = self.with_key_slots(limit, key, |lane, shard, t, fp| {
+        let parts = self.with_key_slots(limit, key, now, |lane, shard, t, fp| {
             lane.cool(shard, hint_tag(fp, limit));
-            algorithm::current(&alg, shard.tables[t].get(fp), offset, now)
+            algorithm::current(&alg, shard.tables[t].get(fp, offset, now), offset, now)
         });
         Value {
             tokens: parts.iter().map(|v| v.tokens).sum(),
