@@ -99,15 +99,15 @@ pub(crate) fn prepare(
     cost: f64,
     reserve: bool,
 ) -> Pending {
-    let (State { tokens, ts }, max_reserved) = match alg {
-        Algorithm::TokenBucket(tb) => (tb_refill(tb, state, now), tb.max_reserved()),
-        Algorithm::FixedWindow(fw) => (fw_roll(fw, state, offset, now), fw.max_reserved()),
+    let State { tokens, ts } = match alg {
+        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
+        Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
     };
     Pending {
         available: tokens,
         ts,
         cost,
-        allowed: tokens >= cost || may_reserve(reserve, cost - tokens, max_reserved),
+        allowed: tokens >= cost || (reserve && may_reserve(alg, cost - tokens)),
     }
 }
 
@@ -180,9 +180,9 @@ impl Pending {
 }
 
 /// Whether a deficit of `deficit` tokens may be reserved.
-#[inline]
-fn may_reserve(reserve: bool, deficit: f64, max_reserved: Option<f64>) -> bool {
-    reserve && max_reserved.is_none_or(|m| deficit <= m)
+#[cold]
+fn may_reserve(alg: &Algorithm, deficit: f64) -> bool {
+    deficit <= alg.reservable()
 }
 
 #[inline]

@@ -31,6 +31,16 @@ pub enum ConfigError {
     Shards,
 }
 
+/// How long a reservation may make its caller wait: one year. A reservation
+/// whose wait would be longer is refused, with or without `max_reserved`,
+/// so that no single call can freeze a shared key for longer than that.
+pub const RESERVATION_HORIZON: Nanos = Nanos(365 * 24 * 3600 * Nanos::PER_SEC);
+
+/// The largest number of tokens a call or a reservation may count: 2⁵³,
+/// above which a double no longer holds every whole number, so that
+/// `tokens - cost` would not be exact.
+pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
+
 fn finite_nonneg(x: f64, err: fn(f64) -> ConfigError) -> Result<f64, ConfigError> {
     if x.is_finite() && x >= 0.0 {
         Ok(x)
@@ -298,13 +308,40 @@ impl Algorithm {
         }
     }
 
+    /// How far below zero a reservation may take a key: `max_reserved`,
+    /// but never more than the tokens refilled in [`RESERVATION_HORIZON`]
+    /// (a fixed window: its rate times the whole windows in it), nor more
+    /// than [`MAX_EXACT_TOKENS`].
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, Nanos, TokenBucket};
+    /// let hourly = TokenBucket::per_period(1.0, Nanos(3600 * Nanos::PER_SEC)).unwrap();
+    /// assert_eq!(Algorithm::from(hourly).reservable(), 8760.0);
+    /// let bounded = hourly.with_max_reserved(100.0).unwrap();
+    /// assert_eq!(Algorithm::from(bounded).reservable(), 100.0);
+    /// ```
+    pub fn reservable(&self) -> f64 {
+        let horizon = match self {
+            Algorithm::TokenBucket(tb) => tb.refill(RESERVATION_HORIZON.0),
+            Algorithm::FixedWindow(fw) => {
+                fw.rate * (RESERVATION_HORIZON.0 / fw.period.0.max(1)) as f64
+            }
+        };
+        self.max_reserved()
+            .unwrap_or(f64::INFINITY)
+            .min(horizon)
+            .min(MAX_EXACT_TOKENS)
+    }
+
     /// The largest cost a call may ask for; above it the cost is an error
     /// rather than a denial. DESIGN.md sets it at the capacity plus
     /// `max_reserved`, for a call that reserves or not: below it, a call
     /// that does not reserve is decided by the formula (denied, with the
     /// `retry_after` the formula gives). Without `max_reserved`, a
-    /// reservation of any size may succeed, and a call that does not
-    /// reserve can never take more than the capacity.
+    /// reservation may wait up to [`RESERVATION_HORIZON`] (see
+    /// [`Algorithm::reservable`]), and a call that does not reserve can
+    /// never take more than the capacity. Nothing above
+    /// [`MAX_EXACT_TOKENS`] is ever counted.
     ///
     /// ```
     /// use sluice_core::{Algorithm, TokenBucket};
@@ -314,16 +351,17 @@ impl Algorithm {
     /// assert_eq!(a.max_cost(true), 7.0);
     /// let unbounded = Algorithm::from(tb);
     /// assert_eq!(unbounded.max_cost(false), 5.0);
-    /// assert_eq!(unbounded.max_cost(true), f64::INFINITY);
+    /// // A year of refill at one token a second, on top of the burst.
+    /// assert_eq!(unbounded.max_cost(true), 5.0 + 31_536_000.0);
     /// ```
     #[inline]
     pub fn max_cost(&self, reserve: bool) -> f64 {
-        let reserved = match self.max_reserved() {
-            Some(m) => m,
-            None if reserve => f64::INFINITY,
-            None => 0.0,
+        let reserved = if reserve || self.max_reserved().is_some() {
+            self.reservable()
+        } else {
+            0.0
         };
-        self.capacity() + reserved
+        (self.capacity() + reserved).min(MAX_EXACT_TOKENS)
     }
 
     /// The same algorithm with rate, capacity and `max_reserved` divided by `n`.

@@ -15,7 +15,9 @@ pub mod memory;
 pub mod store;
 mod time;
 
-pub use config::{Algorithm, ConfigError, FixedWindow, Limit, TokenBucket};
+pub use config::{
+    Algorithm, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, RESERVATION_HORIZON, TokenBucket,
+};
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;
 pub use store::{CostError, Mode, OnError, Op, Store, StoreError};

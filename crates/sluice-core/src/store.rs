@@ -19,15 +19,16 @@ pub enum CostError {
     /// The cost exceeds the most a call may ask of the limit (see
     /// [`Algorithm::max_cost`](crate::Algorithm::max_cost)).
     #[error(
-        "cost {cost} can never succeed on limit {limit:?}: the most a call may ask for is {max}"
+        "cost {cost} can never succeed on limit {limit:?}: the most a call may ask for is {max} \
+         (the capacity, plus max_reserved or at most a year of refill when reserving)"
     )]
     Impossible {
         /// The limit's name.
         limit: String,
         /// The cost asked for.
         cost: f64,
-        /// Capacity plus `max_reserved` (plus nothing, or without bound
-        /// when reserving, when there is no `max_reserved`).
+        /// Capacity plus what may be reserved (see
+        /// [`Algorithm::reservable`](crate::Algorithm::reservable)).
         max: f64,
     },
 }

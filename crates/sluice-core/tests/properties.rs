@@ -95,12 +95,12 @@ proptest! {
     #![proptest_config(ProptestConfig::with_cases(256))]
 
     /// In any window of length T, a token bucket admits at most
-    /// burst + rate·T (plus max_reserved when reserving).
+    /// burst + rate·T (plus what it may reserve, when reserving).
     #[test]
     fn admitted_cost_in_any_window_is_bounded(alg in token_bucket(), calls in calls(45.0), reserve in any::<bool>()) {
         let Algorithm::TokenBucket(tb) = alg else { unreachable!() };
         let admitted = run(alg, &calls, reserve);
-        let slack = if reserve { tb.max_reserved().unwrap_or(f64::INFINITY) } else { 0.0 };
+        let slack = if reserve { alg.reservable() } else { 0.0 };
         for i in 0..admitted.len() {
             let mut sum = 0.0;
             for j in i..admitted.len() {
@@ -157,13 +157,14 @@ proptest! {
         }
     }
 
-    /// Reservations never take a key below -max_reserved, and an allowed
+    /// Reservations never take a key below -max_reserved (or a year of
+    /// refill, without one), and an allowed
     /// reservation's delay is exactly the time to refill the deficit.
     #[test]
     fn reservations_stay_within_max_reserved(alg in any_algorithm(), calls in calls(60.0)) {
         let (clock, store) = store();
         let limit = Limit::new("p", alg);
-        let floor = -alg.max_reserved().unwrap_or(f64::INFINITY);
+        let floor = -alg.reservable();
         let mut t = 0;
         for (dt, cost, _) in calls {
             t += dt;

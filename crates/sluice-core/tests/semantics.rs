@@ -243,7 +243,7 @@ fn a_cost_above_burst_plus_max_reserved_is_an_error() {
         let err = h.store.transact_now(&op(bad), Mode::CONSUME).unwrap_err();
         assert!(matches!(err, StoreError::Cost(CostError::Invalid(_))));
     }
-    // Without max_reserved a reservation of any size may succeed, and a
+    // Without max_reserved a reservation may wait up to a year, and a
     // call that does not reserve can never take more than the burst.
     let unbounded = tb(1.0, 2.0);
     let err = h
@@ -252,6 +252,65 @@ fn a_cost_above_burst_plus_max_reserved_is_an_error() {
         .unwrap_err();
     assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 2.0));
     assert!(h.reserve(&unbounded, 1e6).allowed);
+}
+
+/// One caller must not be able to freeze a shared key: a reservation
+/// whose wait would pass the one-year horizon is an error, and the key is
+/// untouched; within the horizon reservations still work, however slow
+/// the limit.
+#[test]
+fn a_reservation_past_the_one_year_horizon_is_an_error_and_freezes_nobody() {
+    let h = H::new();
+    let per_sec = tb(1.0, 5.0);
+    let err = h
+        .store
+        .transact_now(&[Op::new(&per_sec, "k", 1e300)], Mode::RESERVE)
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 5.0 + 31_536_000.0),
+        "{err}"
+    );
+    assert!(err.to_string().contains("a year"), "{err}");
+    assert_eq!(h.tokens(&per_sec), 5.0);
+    assert!(h.take(&per_sec, 1.0).allowed, "the key still serves others");
+
+    // 100 on a limit of one an hour: 99 hours' wait, well within a year.
+    let hourly = Limit::new(
+        "hourly",
+        TokenBucket::per_period(1.0, Nanos(3_600 * S)).unwrap(),
+    );
+    let d = h.reserve(&hourly, 100.0);
+    assert!(d.allowed);
+    assert_eq!(d.retry_after, Some(99.0 * 3_600.0));
+
+    // Reservations that each fit but together would pass the horizon stop
+    // at it: the debt never exceeds a year of refill.
+    let year = 365.0 * 24.0;
+    let d = h.reserve(&hourly, year);
+    assert!(
+        !d.allowed,
+        "99 hours' debt plus a year's worth is past the horizon"
+    );
+    assert_eq!(h.tokens(&hourly), -99.0);
+    assert!(h.reserve(&hourly, year - 99.0).allowed);
+    assert_eq!(h.tokens(&hourly), -year);
+}
+
+/// A count so large that a double cannot hold the tokens left exactly is
+/// refused, even where the horizon would allow it.
+#[test]
+fn a_count_beyond_exact_floating_point_is_an_error() {
+    let h = H::new();
+    let torrent = tb(1e12, 1e6);
+    let err = h
+        .store
+        .transact_now(&[Op::new(&torrent, "k", 1e17)], Mode::RESERVE)
+        .unwrap_err();
+    assert!(
+        matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == sluice_core::MAX_EXACT_TOKENS),
+        "{err}"
+    );
+    assert!(h.reserve(&torrent, 1e15).allowed);
 }
 
 #[test]

@@ -193,7 +193,9 @@ const LIMIT_SCAN: usize = 16;
 
 /// Appends a limit record for the script, with times in units of `u` ns.
 fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
-    let mr = |m: Option<f64>| m.unwrap_or(-1.0);
+    // The script reserves up to this bound, which is never unlimited: see
+    // `Algorithm::reservable`.
+    let mr = alg.reservable();
     let (kind, p) = match alg {
         Algorithm::TokenBucket(tb) => (
             1u8,
@@ -203,7 +205,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 // script divides by the same double.
                 tb.period().0 as f64,
                 tb.burst(),
-                mr(tb.max_reserved()),
+                mr,
             ],
         ),
         Algorithm::FixedWindow(fw) => (
@@ -213,7 +215,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 // Checked to be a whole number of units in `Txn::push`.
                 (fw.period().0 / u) as f64,
                 fw.capacity(),
-                mr(fw.max_reserved()),
+                mr,
             ],
         ),
     };

@@ -11,8 +11,8 @@
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
 -- ops, extras, where the last three are packed little-endian records:
 --   limit: kind (B: 1 token bucket, 2 fixed window), p1, p2, p3, p4 (d)
---     token bucket: tokens per period, period in ns, burst, max_reserved (-1: none)
---     fixed window: rate, period in units, capacity, max_reserved (-1: none)
+--     token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
+--     fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
 --   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
@@ -195,7 +195,7 @@ for i = 0, nops - 1 do
     local yes = avail >= cost
     if not yes and ctl >= 14 then
       local mr = p4[l]
-      yes = mr < 0 or cost - avail <= mr
+      yes = cost - avail <= mr
     end
     local seen = raw[a]
     if seen then
@@ -254,7 +254,7 @@ for i = 0, nops - 1 do
     local allowed = avail >= cost
     if not allowed and ctl % 4 >= 2 then
       local mr = p4[l]
-      allowed = mr < 0 or cost - avail <= mr
+      allowed = cost - avail <= mr
     end
     if allowed then
       if not ptok then
