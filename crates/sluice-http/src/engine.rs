@@ -10,7 +10,7 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use metrics::{Counter, Histogram};
 use sluice_core::{Decision, Mode, OnError, Op, Outcome, Store, StoreError};
-use sluice_policy::{Mode as RuleMode, OnStoreError, Policy, Request, Rule, RuleHit};
+use sluice_policy::{Mode as RuleMode, NamedLimit, OnStoreError, Policy, Request, Rule, RuleHit};
 
 /// One enforced rule's part in a verdict.
 #[derive(Debug, Clone, PartialEq)]
@@ -149,6 +149,8 @@ struct Meters {
     transact: OnceLock<Histogram>,
     /// `sluice_store_seconds` of named limits' decisions.
     decide: OnceLock<Histogram>,
+    /// Failed store calls, logged a line per interval.
+    errors: crate::store_errors::StoreErrorLog,
 }
 
 /// The `sluice_decisions_total` series of `rule` at index `i` of
@@ -252,11 +254,16 @@ impl<S: Store> Enforcer<S> {
         &self.store
     }
 
-    /// Decides `op` in `mode`, as the decision API does for a named limit:
-    /// timed like the rules' store calls, and counted in
-    /// `sluice_decisions_total` under the limit's name, as enforced (the
-    /// caller asked for this limit's answer and gets it, whatever the limit's
-    /// `mode` in the policy).
+    /// Decides a call of `cost` on `key` of the named limit `named` in
+    /// `mode`, as the decision API does: timed like the rules' store calls,
+    /// and counted in `sluice_decisions_total` under the limit's name, as
+    /// enforced (the caller asked for this limit's answer and gets it,
+    /// whatever the limit's `mode` in the policy).
+    ///
+    /// When the store fails, the limit's `on_store_error` decides: `open`
+    /// allows (with nothing remaining, as no state was read), `closed`
+    /// returns the error. Either way the failure is counted in
+    /// `sluice_store_errors_total`. An impossible cost is always an error.
     ///
     /// ```
     /// # use sluice_core::{MemoryStore, Mode, Op};
@@ -267,20 +274,36 @@ impl<S: Store> Enforcer<S> {
     /// let policy = e.policy();
     /// let send = policy.named_limit("send").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let op = || Op::new(send.limit(), "alice", 1.0);
-    /// assert!(rt.block_on(e.decide_named(op(), Mode::CONSUME)).unwrap().allowed);
-    /// assert!(!rt.block_on(e.decide_named(op(), Mode::CONSUME)).unwrap().allowed);
+    /// let call = || e.decide_named(send, "alice", 1.0, Mode::CONSUME);
+    /// assert!(rt.block_on(call()).unwrap().allowed);
+    /// assert!(!rt.block_on(call()).unwrap().allowed);
     /// ```
-    pub async fn decide_named(&self, op: Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
-        let limit = op.limit;
+    pub async fn decide_named(
+        &self,
+        named: &NamedLimit,
+        key: &str,
+        cost: f64,
+        mode: Mode,
+    ) -> Result<Decision, StoreError> {
+        let op = Op::new(named.limit(), key, cost);
         let started = Instant::now();
         let result = self.store.decide(op, mode).await;
         self.meters.decide().record(started.elapsed().as_secs_f64());
-        if let Ok(d) = &result {
-            self.meters
-                .count(limit.name(), RuleMode::Enforce, d.allowed);
-        }
-        result
+        let decision = match result {
+            Ok(d) => d,
+            Err(StoreError::Cost(e)) => return Err(StoreError::Cost(e)),
+            Err(e) => {
+                self.store_failed(&e, [(named.name(), named.on_store_error())]);
+                let on_error = match named.on_store_error() {
+                    OnStoreError::Open => OnError::Open,
+                    OnStoreError::Closed => return Err(e),
+                };
+                on_error.outcome(&[op]).decisions[0]
+            }
+        };
+        self.meters
+            .count(named.name(), RuleMode::Enforce, decision.allowed);
+        Ok(decision)
     }
 
     /// Applies the policy's HTTP rules (those without a `domain`) to `req`,
@@ -396,23 +419,34 @@ impl<S: Store> Enforcer<S> {
         self.meters
             .transact()
             .record(started.elapsed().as_secs_f64());
-        if let Err(e) = &result {
-            let kind = match e {
-                StoreError::Timeout => "timeout",
-                StoreError::Cost(_) => return result,
-                _ => "unavailable",
-            };
-            for rule in rules {
-                let fail = match rule.on_store_error() {
-                    OnStoreError::Open => "open",
-                    OnStoreError::Closed => "closed",
-                };
-                metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail, "rule" => rule.name().to_owned())
-                    .increment(1);
-            }
-            tracing::warn!(error = %e, "store call failed");
+        if let Err(e) = &result
+            && !matches!(e, StoreError::Cost(_))
+        {
+            self.store_failed(e, rules.iter().map(|r| (r.name(), r.on_store_error())));
         }
         result
+    }
+
+    /// Counts a failed store call in `sluice_store_errors_total` for each
+    /// rule or named limit it decided, by how that one fails, and logs it.
+    fn store_failed<'r>(
+        &self,
+        e: &StoreError,
+        deciding: impl IntoIterator<Item = (&'r str, OnStoreError)>,
+    ) {
+        let kind = match e {
+            StoreError::Timeout => "timeout",
+            _ => "unavailable",
+        };
+        for (name, on_error) in deciding {
+            let fail = match on_error {
+                OnStoreError::Open => "open",
+                OnStoreError::Closed => "closed",
+            };
+            metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail, "rule" => name.to_owned())
+                .increment(1);
+        }
+        self.meters.errors.failed(e);
     }
 }
 

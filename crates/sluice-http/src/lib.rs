@@ -24,6 +24,7 @@ mod engine;
 mod headers;
 mod limit;
 mod request;
+mod store_errors;
 
 pub use engine::{Enforcer, Refusal, RuleDecision, Verdict};
 pub use headers::{

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use sluice_core::{MemoryStore, Mode, Op};
+use sluice_core::{MemoryStore, Mode};
 use sluice_http::Enforcer;
 use sluice_policy::{Policy, RequestParts};
 
@@ -63,8 +63,7 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
         let policy = enforcer.policy();
         let send = policy.named_limit("send").unwrap();
         for _ in 0..3 {
-            let op = Op::new(send.limit(), "alice", 1.0);
-            rt.block_on(enforcer.decide_named(op, Mode::CONSUME))
+            rt.block_on(enforcer.decide_named(send, "alice", 1.0, Mode::CONSUME))
                 .unwrap();
         }
     });

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_saphyr::Spanned;
-use sluice_core::{Algorithm, FixedWindow, Limit, Nanos, TokenBucket};
+use sluice_core::{Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, TokenBucket};
 
 use crate::client_ip::TrustedProxies;
 use crate::error::{Invalid, Pos, at};
@@ -17,10 +17,26 @@ use crate::matching::Condition;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
 use crate::schema::{AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, StoreKind};
 
-/// Compiles a policy read from `file` (key files are found relative to it).
-pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<Policy, Invalid> {
+/// The most shards a limit may be split into. A shard is a key of its own
+/// in the store, and a value or a reset visits every one.
+pub(crate) const MAX_SHARDS: u32 = 1024;
+
+/// The shortest period: below a millisecond no clock or network keeps time
+/// well enough for the limit to mean what it says.
+const MIN_PERIOD: Nanos = Nanos(Nanos::PER_SEC / 1_000);
+
+/// The slowest refill: one token in ten years. Slower is almost surely a
+/// slip of the exponent, and its waits no longer fit in a timestamp.
+const MAX_SECS_PER_TOKEN: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
+
+/// Compiles a policy read from `file` (key files are found relative to it),
+/// with the warnings about what it holds that is legal but looks wrong.
+pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invalid>), Invalid> {
+    let mut warnings = Vec::new();
     let mut policy = Policy {
         on_store_error: raw.on_store_error.unwrap_or_default(),
+        empty_on_purpose: raw.rules.as_ref().is_some_and(Vec::is_empty)
+            || raw.limits.as_ref().is_some_and(|l| l.0.is_empty()),
         ..Policy::default()
     };
     if let Some(list) = &raw.trusted_proxies {
@@ -45,36 +61,104 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<Policy, Invalid> {
     for (name, limit) in raw.limits.map(|e| e.0).unwrap_or_default() {
         claim(&mut names, &name, "limit")?;
         let config = &limit.value.algorithm_config;
-        let (built, _) = build(&name.value, limit.value.algorithm, config)?;
+        let (built, capacity) = build(&name.value, limit.value.algorithm, config, &mut warnings)?;
         forbid_cost(&config.value)?;
+        check_named(&name, &built, &capacity, &mut warnings)?;
         policy.limit_index.insert(name.value, policy.limits.len());
         policy.limits.push(NamedLimit {
             limit: built,
             mode: limit.value.mode.unwrap_or_default(),
+            on_store_error: limit.value.on_store_error.unwrap_or(policy.on_store_error),
         });
     }
     for rule in raw.rules.unwrap_or_default() {
         claim(&mut names, &rule.value.name, "rule")?;
-        policy.rules.push(compile_rule(rule.value, &policy)?);
+        let compiled = compile_rule(rule.value, &policy, &mut warnings)?;
+        policy.rules.push(compiled);
     }
-    Ok(policy)
+    warnings.sort_by_key(|w| w.pos);
+    Ok((policy, warnings))
 }
 
-fn compile_rule(r: RawRule, policy: &Policy) -> Result<Rule, Invalid> {
-    let keys = r
-        .limit_keys
-        .iter()
-        .map(|k| LimitKey::parse(&k.value).map_err(|m| at(k, m)))
-        .collect::<Result<Vec<_>, _>>()?;
-    let conditions = r
-        .conditions
-        .map(|e| e.0)
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(k, v)| Condition::parse(&k.value, v.value).map_err(|m| at(&k, m)))
-        .collect::<Result<Vec<_>, _>>()?;
+/// What only a named limit can get wrong: callers choose its costs and may
+/// reserve, so its capacity must admit a whole call, and a reservation
+/// should have a bound of the operator's choosing.
+fn check_named(
+    name: &Spanned<String>,
+    limit: &Limit,
+    capacity: &CapacitySource,
+    warnings: &mut Vec<Invalid>,
+) -> Result<(), Invalid> {
+    let alg = limit.algorithm();
+    let cap = alg.capacity();
+    if cap == 0.0 && alg.max_reserved().is_none() {
+        return Err(at(
+            capacity.pos,
+            format!(
+                "{} is 0 and there is no `max_reserved`: no call could pass without \
+                 reserving; give `max_reserved` for a queue with no burst",
+                capacity.label
+            ),
+        ));
+    }
+    if cap > 0.0 && cap < 1.0 {
+        warnings.push(at(
+            capacity.pos,
+            format!(
+                "{} {cap} is less than 1: a call that costs 1 can never pass",
+                capacity.label
+            ),
+        ));
+    }
+    if alg.max_reserved().is_none() {
+        warnings.push(at(
+            name,
+            format!(
+                "limit `{}` has no `max_reserved`: a caller that reserves may take up to \
+                 {} tokens (a year of refill) ahead and hold every caller of the key back \
+                 that long; set `max_reserved`, and let only trusted callers reserve",
+                name.value,
+                alg.reservable()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Result<Rule, Invalid> {
+    let mut keys: Vec<LimitKey> = Vec::with_capacity(r.limit_keys.len());
+    for k in &r.limit_keys {
+        let key = LimitKey::parse(&k.value).map_err(|m| at(k, m))?;
+        if keys.contains(&key) {
+            return Err(at(
+                k,
+                format!("`{}` is already one of the rule's limit_keys", k.value),
+            ));
+        }
+        if matches!(key, LimitKey::Jwt(_)) && policy.jwt.is_none() {
+            return Err(at(k, needs_jwt(&k.value)));
+        }
+        keys.push(key);
+    }
+    if keys.is_empty() {
+        warnings.push(at(
+            &r.name,
+            format!(
+                "rule `{}` has no limit_keys: every request it matches shares one bucket",
+                r.name.value
+            ),
+        ));
+    }
+    let mut conditions = Vec::new();
+    for (k, v) in r.conditions.map(|e| e.0).unwrap_or_default() {
+        let condition = Condition::parse(&k.value, v.value).map_err(|m| at(&k, m))?;
+        if matches!(condition, Condition::Jwt(..)) && policy.jwt.is_none() {
+            return Err(at(&k, needs_jwt(&k.value)));
+        }
+        conditions.push(condition);
+    }
     let config = &r.algorithm_config;
-    let (limit, capacity) = build(&r.name.value, r.algorithm, config)?;
+    let (limit, capacity) = build(&r.name.value, r.algorithm, config, warnings)?;
     let cost = cost(&config.value)?;
     // Rules never reserve, so a request is admitted only if its cost fits in
     // one shard's capacity; if even the baseline cost does not, nothing passes.
@@ -110,6 +194,13 @@ fn compile_rule(r: RawRule, policy: &Policy) -> Result<Rule, Invalid> {
             d => d.map(|d| d.value),
         },
     })
+}
+
+fn needs_jwt(what: &str) -> String {
+    format!(
+        "`{what}` reads a verified token's claim, but the policy has no `jwt` section \
+         to verify tokens with, so the rule would never apply"
+    )
 }
 
 /// Records `name` as taken, refusing empty and duplicate names.
@@ -221,15 +312,22 @@ fn build(
     name: &str,
     kind: AlgorithmKind,
     config: &Spanned<RawConfig>,
+    warnings: &mut Vec<Invalid>,
 ) -> Result<(Limit, CapacitySource), Invalid> {
     let c = &config.value;
-    let rate = rate(config)?;
+    let rate = rate(config, warnings)?;
     let (algorithm, capacity) = match kind {
         AlgorithmKind::TokenBucket => token_bucket(c, &rate)?,
         AlgorithmKind::FixedWindow => fixed_window(c, &rate)?,
     };
     let mut limit = Limit::new(name, algorithm);
     if let Some(s) = &c.shards {
+        if s.value > MAX_SHARDS {
+            return Err(at(
+                s,
+                format!("`shards` must be at most {MAX_SHARDS}, got {}", s.value),
+            ));
+        }
         limit = limit.with_shards(s.value).map_err(|e| at(s, e))?;
     }
     Ok((limit, capacity))
@@ -243,7 +341,7 @@ struct Rate {
     field: &'static str,
 }
 
-fn rate(config: &Spanned<RawConfig>) -> Result<Rate, Invalid> {
+fn rate(config: &Spanned<RawConfig>, warnings: &mut Vec<Invalid>) -> Result<Rate, Invalid> {
     let c = &config.value;
     let given = one_of(
         [
@@ -262,7 +360,16 @@ fn rate(config: &Spanned<RawConfig>) -> Result<Rate, Invalid> {
     };
     let tokens = positive(field, value)?;
     let period = match &c.period {
-        None => Nanos(Nanos::PER_SEC),
+        None => {
+            if field == "rate" {
+                warnings.push(at(
+                    value,
+                    "`rate` without `period` counts per second; write `rps` to say so, \
+                     or give the `period` it was meant for",
+                ));
+            }
+            Nanos(Nanos::PER_SEC)
+        }
         Some(p) if field != "rate" => {
             return Err(at(
                 p,
@@ -273,8 +380,21 @@ fn rate(config: &Spanned<RawConfig>) -> Result<Rate, Invalid> {
             ));
         }
         Some(p) if p.value.0.0 <= 0 => return Err(at(p, "`period` must be positive")),
+        Some(p) if p.value.0 < MIN_PERIOD => {
+            return Err(at(p, "`period` must be at least 1ms"));
+        }
         Some(p) => p.value.0,
     };
+    let secs_per_token = period.as_secs_f64() / tokens;
+    if secs_per_token > MAX_SECS_PER_TOKEN {
+        return Err(at(
+            value,
+            format!(
+                "`{field}` {tokens} refills one token every {secs_per_token:e} s; \
+                 the slowest allowed is one token in ten years"
+            ),
+        ));
+    }
     Ok(Rate {
         tokens,
         period,
@@ -397,7 +517,9 @@ fn one_of<'a, const N: usize>(
 
 fn positive(field: &str, v: &Spanned<Num>) -> Result<f64, Invalid> {
     let x = v.value.0;
-    if x.is_finite() && x > 0.0 {
+    if x > MAX_EXACT_TOKENS {
+        Err(too_many(field, v))
+    } else if x.is_finite() && x > 0.0 {
         Ok(x)
     } else {
         Err(at(
@@ -409,9 +531,22 @@ fn positive(field: &str, v: &Spanned<Num>) -> Result<f64, Invalid> {
 
 fn non_negative(field: &str, v: &Spanned<Num>) -> Result<f64, Invalid> {
     let x = v.value.0;
-    if x.is_finite() && x >= 0.0 {
+    if x > MAX_EXACT_TOKENS {
+        Err(too_many(field, v))
+    } else if x.is_finite() && x >= 0.0 {
         Ok(x)
     } else {
         Err(at(v, format!("`{field}` must be a number >= 0, got {x}")))
     }
+}
+
+fn too_many(field: &str, v: &Spanned<Num>) -> Invalid {
+    at(
+        v,
+        format!(
+            "`{field}` {} is more than {MAX_EXACT_TOKENS}, the most tokens that can be \
+             counted exactly",
+            v.value.0
+        ),
+    )
 }

@@ -30,6 +30,36 @@ pub struct PolicyError {
     pub message: String,
 }
 
+/// Something legal in a policy that is almost surely a mistake. The policy
+/// is in force all the same; `sluice validate` prints these, and the
+/// servers log them when they load a policy.
+///
+/// ```
+/// use sluice_policy::Policy;
+/// let p = Policy::from_str("limits:\n  a: {algorithm: token_bucket, algorithm_config: {rps: 1}}\n", "p.yaml").unwrap();
+/// let w = &p.warnings()[0];
+/// assert_eq!((w.line, w.column), (2, 3));
+/// assert!(w.to_string().starts_with("p.yaml:2:3: warning: "));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PolicyWarning {
+    /// The policy file, as it was named to the loader.
+    pub file: PathBuf,
+    /// 1-based line of the value the warning is about.
+    pub line: usize,
+    /// 1-based column of that value.
+    pub column: usize,
+    /// What looks wrong, without the position.
+    pub message: String,
+}
+
+impl fmt::Display for PolicyWarning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let place = Place(&self.file, self.line, self.column);
+        write!(f, "{place}: warning: {}", self.message)
+    }
+}
+
 struct Place<'a>(&'a Path, usize, usize);
 
 impl fmt::Display for Place<'_> {
@@ -80,6 +110,15 @@ pub(crate) struct Invalid {
 impl Invalid {
     pub(crate) fn into_error(self, file: PathBuf) -> PolicyError {
         PolicyError {
+            file,
+            line: self.pos.line,
+            column: self.pos.column,
+            message: self.message,
+        }
+    }
+
+    pub(crate) fn into_warning(self, file: PathBuf) -> PolicyWarning {
+        PolicyWarning {
             file,
             line: self.pos.line,
             column: self.pos.column,

@@ -549,7 +549,7 @@ fn signature_only(alg: Algorithm) -> Validation {
 
 fn read(path: &Spanned<String>, base_dir: &Path) -> Result<Vec<u8>, JwtConfigError> {
     let full = base_dir.join(&path.value);
-    std::fs::read(&full)
+    crate::files::read_capped(&full, crate::files::MAX_KEY_FILE_BYTES)
         .map_err(|e| JwtConfigError::at(path, format!("cannot read {}: {e}", full.display())))
 }
 

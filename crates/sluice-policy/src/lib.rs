@@ -25,6 +25,7 @@
 mod client_ip;
 mod compile;
 mod error;
+mod files;
 mod jwt;
 mod keys;
 mod matching;
@@ -33,7 +34,8 @@ mod request;
 mod schema;
 
 pub use client_ip::{TrustedProxies, TrustedProxiesError};
-pub use error::PolicyError;
+pub use error::{PolicyError, PolicyWarning};
+pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
 pub use jwt::{Claims, JwtVerifier};
 pub use keys::{Cost, CostSource, LimitKey, decode_key, encode_key};
 pub use matching::{Condition, RuleHit};

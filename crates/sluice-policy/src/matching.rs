@@ -48,9 +48,9 @@ impl Condition {
     pub fn parse(key: &str, value: String) -> Result<Condition, String> {
         match key.split_once(':') {
             None => match key {
-                "path" => Ok(Condition::Path(value)),
-                "path_prefix" => Ok(Condition::PathPrefix(value)),
-                "method" => Ok(Condition::Method(value)),
+                "path" => Ok(Condition::Path(path(key, value)?)),
+                "path_prefix" => Ok(Condition::PathPrefix(path(key, value)?)),
+                "method" => Ok(Condition::Method(method(value)?)),
                 "host" => Ok(Condition::Host(value)),
                 _ => Err(unknown(key)),
             },
@@ -103,6 +103,30 @@ fn same_host(a: &str, b: &str) -> bool {
         h.strip_suffix('.').unwrap_or(h)
     }
     bare(a).eq_ignore_ascii_case(bare(b))
+}
+
+/// A path as requests carry it: from the root.
+fn path(key: &str, value: String) -> Result<String, String> {
+    if value.starts_with('/') {
+        Ok(value)
+    } else {
+        Err(format!(
+            "`{key}` {value:?} must start with `/`, as every request path does"
+        ))
+    }
+}
+
+/// A method is an HTTP token (RFC 9110 §9.1); anything else matches nothing.
+fn method(value: String) -> Result<String, String> {
+    let tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
+    if !value.is_empty() && value.chars().all(tchar) {
+        Ok(value)
+    } else {
+        Err(format!(
+            "method {:?} is not an HTTP method name, which is letters with no spaces",
+            value.escape_debug().to_string()
+        ))
+    }
 }
 
 fn unknown(key: &str) -> String {

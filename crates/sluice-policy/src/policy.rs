@@ -9,7 +9,7 @@ use serde::Deserialize;
 use sluice_core::Limit;
 
 use crate::client_ip::TrustedProxies;
-use crate::error::{PolicyError, from_yaml};
+use crate::error::{PolicyError, PolicyWarning, from_yaml};
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, LimitKey, push_missing, push_part};
 use crate::matching::Condition;
@@ -56,7 +56,7 @@ pub enum OnStoreError {
 /// let p = Policy::from_str(r#"
 /// rules:
 ///   - name: per-user
-///     limit_keys: ["jwt:sub"]
+///     limit_keys: ["header:x-user"]
 ///     on_missing: shared
 ///     algorithm: token_bucket
 ///     algorithm_config: {rps: 1}
@@ -127,6 +127,7 @@ impl Default for StoreConfig {
 pub struct NamedLimit {
     pub(crate) limit: Limit,
     pub(crate) mode: Mode,
+    pub(crate) on_store_error: OnStoreError,
 }
 
 impl NamedLimit {
@@ -161,6 +162,19 @@ impl NamedLimit {
     /// ```
     pub fn mode(&self) -> Mode {
         self.mode
+    }
+
+    /// What a call gets when the store fails: the limit's own
+    /// `on_store_error`, else the policy's.
+    ///
+    /// ```
+    /// # use sluice_policy::{OnStoreError, Policy};
+    /// # let p = Policy::from_str("on_store_error: closed\nlimits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1, max_reserved: 1}, on_store_error: open}, b: {algorithm: token_bucket, algorithm_config: {rps: 1, max_reserved: 1}}}", "p").unwrap();
+    /// assert_eq!(p.limits()[0].on_store_error(), OnStoreError::Open);
+    /// assert_eq!(p.limits()[1].on_store_error(), OnStoreError::Closed);
+    /// ```
+    pub fn on_store_error(&self) -> OnStoreError {
+        self.on_store_error
     }
 }
 
@@ -362,6 +376,10 @@ pub struct Policy {
     pub(crate) rules: Vec<Rule>,
     pub(crate) trusted_proxies: TrustedProxies,
     pub(crate) jwt: Option<JwtVerifier>,
+    pub(crate) warnings: Vec<PolicyWarning>,
+    /// Whether the file lists its rules or limits as explicitly empty
+    /// (`rules: []`), rather than leaving them out.
+    pub(crate) empty_on_purpose: bool,
 }
 
 impl Policy {
@@ -373,13 +391,26 @@ impl Policy {
     /// assert!(err.to_string().starts_with("/nonexistent/policy.yaml: cannot read"));
     /// ```
     pub fn from_path(path: &Path) -> Result<Policy, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyError {
-            file: path.to_owned(),
-            line: 0,
-            column: 0,
-            message: format!("cannot read the policy file: {e}"),
-        })?;
-        Policy::from_str(&text, path)
+        Policy::from_str(&Policy::read(path)?, path)
+    }
+
+    /// Reads a policy file's text, refusing anything but a regular file of
+    /// at most [`MAX_POLICY_BYTES`](crate::MAX_POLICY_BYTES).
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let err = Policy::read("/dev/zero".as_ref()).unwrap_err();
+    /// assert_eq!(err.to_string(), "/dev/zero: cannot read the policy file: not a regular file");
+    /// ```
+    pub fn read(path: &Path) -> Result<String, PolicyError> {
+        crate::files::read_text_capped(path, crate::files::MAX_POLICY_BYTES).map_err(|e| {
+            PolicyError {
+                file: path.to_owned(),
+                line: 0,
+                column: 0,
+                message: format!("cannot read the policy file: {e}"),
+            }
+        })
     }
 
     /// Parses and validates policy text; `file` names it in errors.
@@ -401,7 +432,47 @@ impl Policy {
         };
         let raw: RawPolicy = serde_saphyr::from_str_with_options(text, options)
             .map_err(|e| from_yaml(&e, file.clone()))?;
-        crate::compile::compile(raw, &file).map_err(|e| e.into_error(file))
+        let (mut policy, warnings) =
+            crate::compile::compile(raw, &file).map_err(|e| e.into_error(file.clone()))?;
+        policy.warnings = warnings
+            .into_iter()
+            .map(|w| w.into_warning(file.clone()))
+            .collect();
+        Ok(policy)
+    }
+
+    /// What in the file is legal but almost surely a mistake, in file order.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rate: 5}}}", "p").unwrap();
+    /// assert!(p.warnings().iter().any(|w| w.message.contains("per second")));
+    /// ```
+    pub fn warnings(&self) -> &[PolicyWarning] {
+        &self.warnings
+    }
+
+    /// Whether the policy has neither rules nor limits.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// assert!(Policy::from_str("", "p").unwrap().is_empty());
+    /// ```
+    pub fn is_empty(&self) -> bool {
+        self.rules.is_empty() && self.limits.is_empty()
+    }
+
+    /// Whether the file says on purpose that it has no rules or no limits
+    /// (`rules: []`, `limits: {}`), as a file cut short or emptied by an
+    /// editor does not.
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// assert!(Policy::from_str("rules: []", "p").unwrap().is_empty_on_purpose());
+    /// assert!(!Policy::from_str("limits:", "p").unwrap().is_empty_on_purpose());
+    /// ```
+    pub fn is_empty_on_purpose(&self) -> bool {
+        self.empty_on_purpose
     }
 
     /// The `store` section, or the in-memory default.

@@ -55,6 +55,7 @@ pub(crate) struct RawLimit {
     pub(crate) algorithm: AlgorithmKind,
     pub(crate) algorithm_config: Spanned<RawConfig>,
     pub(crate) mode: Option<Mode>,
+    pub(crate) on_store_error: Option<OnStoreError>,
 }
 
 #[derive(Debug, Deserialize)]

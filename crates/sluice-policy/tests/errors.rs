@@ -390,3 +390,119 @@ fn json_errors_have_positions() {
     assert_err(text, 2, 32, "a name is missing after `jwt:`");
     assert_err("{\"rules\": [}\n", 1, 11, "mismatched bracket");
 }
+
+/// A named limit `l` whose `algorithm_config` is the flow map `config`.
+fn named(config: &str) -> String {
+    format!("limits:\n  l:\n    algorithm: token_bucket\n    algorithm_config: {config}\n")
+}
+
+/// The absurd values a hostile or careless policy held, each refused where
+/// it stands.
+#[test]
+fn absurd_values_are_refused_at_their_position() {
+    // So many shards that a value or reset would walk them for minutes.
+    assert_err(
+        &named("{rps: 5, shards: 4294967295}"),
+        4,
+        40,
+        "`shards` must be at most 1024",
+    );
+    // Nothing could pass without reserving, and no reservation is bounded.
+    assert_err(
+        &named("{rps: 5, burst: 0}"),
+        4,
+        39,
+        "`burst` is 0 and there is no `max_reserved`",
+    );
+    // A rate whose one token takes longer than ten years.
+    assert_err(&named("{rps: 5e-324}"), 4, 29, "one token in ten years");
+    assert_err(&named("{rate: 1, period: 1ns}"), 4, 41, "at least 1ms");
+    // More tokens than a double counts exactly.
+    assert_err(&named("{rps: 5, burst: 1e300}"), 4, 39, "counted exactly");
+    assert_err(
+        &named("{rps: 5, max_reserved: 1e17}"),
+        4,
+        46,
+        "counted exactly",
+    );
+}
+
+#[test]
+fn rules_that_could_never_match_as_meant_are_refused() {
+    let keyed = |keys: &str, matches: &str| {
+        format!(
+            "rules:\n  - name: r\n    limit_keys: {keys}\n    match: {matches}\n    \
+             algorithm: token_bucket\n    algorithm_config: {{rps: 1}}\n"
+        )
+    };
+    assert_err(
+        &keyed("[ip:address, path, ip:address]", "{}"),
+        3,
+        36,
+        "already one of the rule's limit_keys",
+    );
+    assert_err(
+        &keyed("[path]", "{method: GE T}"),
+        4,
+        13,
+        "not an HTTP method",
+    );
+    assert_err(
+        &keyed("[path]", "{path_prefix: api/}"),
+        4,
+        13,
+        "must start with `/`",
+    );
+    assert_err(
+        &keyed("[path]", "{path: login}"),
+        4,
+        13,
+        "must start with `/`",
+    );
+    // Claims are read only from verified tokens; with no keys to verify
+    // them, a jwt: key or match would silently never apply.
+    assert_err(&keyed("[\"jwt:sub\"]", "{}"), 3, 18, "no `jwt` section");
+    assert_err(
+        &keyed("[path]", "{\"jwt:plan\": pro}"),
+        4,
+        13,
+        "no `jwt` section",
+    );
+}
+
+/// Legal, but almost surely not what was meant: the policy loads, and the
+/// warning says where and why.
+#[test]
+fn likely_mistakes_are_warned_about_with_their_position() {
+    let warnings = |text: &str| -> Vec<String> {
+        let p = Policy::from_str(text, "policy.yaml").unwrap_or_else(|e| panic!("{e}"));
+        p.warnings().iter().map(ToString::to_string).collect()
+    };
+    let w = warnings(&named("{rps: 5, burst: 0.5, max_reserved: 2}"));
+    assert_eq!(
+        w,
+        [
+            "policy.yaml:4:39: warning: `burst` 0.5 is less than 1: a call that costs 1 can never pass"
+        ]
+    );
+    let w = warnings(&named("{rate: 5}"));
+    assert_eq!(w.len(), 2, "{w:?}");
+    assert!(w[0].starts_with("policy.yaml:2:3: warning: limit `l` has no `max_reserved`"));
+    assert!(w[0].contains("157680000 tokens"), "{}", w[0]);
+    assert!(
+        w[1].starts_with("policy.yaml:4:30: warning: `rate` without `period` counts per second")
+    );
+    let w = warnings(
+        "rules:\n  - name: everyone\n    limit_keys: []\n    algorithm: token_bucket\n    \
+         algorithm_config: {rps: 1000}\n",
+    );
+    assert_eq!(
+        w,
+        [
+            "policy.yaml:2:11: warning: rule `everyone` has no limit_keys: every request it matches shares one bucket"
+        ]
+    );
+    // The bundled example is clean.
+    let example = include_str!("../../../examples/policy.yaml");
+    assert_eq!(warnings(example), Vec::<String>::new());
+}

@@ -299,8 +299,10 @@ fn token_bucket_burst_and_its_capacity_alias() {
         algorithm("token_bucket", "{rps: 5, burst: 10, max_reserved: 30}"),
         reserving.into()
     );
-    // A named limit may have no capacity of its own when it can reserve.
-    let Algorithm::TokenBucket(t) = algorithm("token_bucket", "{rps: 5, burst: 0}") else {
+    // A named limit may have no capacity of its own when it may reserve.
+    let Algorithm::TokenBucket(t) =
+        algorithm("token_bucket", "{rps: 5, burst: 0, max_reserved: 10}")
+    else {
         panic!()
     };
     assert_eq!(t.burst(), 0.0);

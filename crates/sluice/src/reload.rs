@@ -9,21 +9,39 @@ use std::time::Duration;
 use arc_swap::ArcSwapOption;
 use sluice_core::Store;
 use sluice_http::Enforcer;
-use sluice_policy::{Policy, StoreConfig};
+use sluice_policy::{Policy, PolicyError, StoreConfig};
 
 /// How often the policy file is looked at for changes.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
+
+/// Reads and compiles the policy a server starts with, and logs what it
+/// warns about.
+pub(crate) fn load(path: &Path) -> Result<(Policy, String), PolicyError> {
+    let text = Policy::read(path)?;
+    let policy = Policy::from_str(&text, path)?;
+    log_warnings(&policy);
+    Ok((policy, text))
+}
+
+fn log_warnings(policy: &Policy) {
+    for w in policy.warnings() {
+        tracing::warn!("{w}");
+    }
+}
 
 /// Reloads the policy when the file's contents change, and on SIGHUP.
 ///
 /// The file is read by path each time, so in-place writes, atomic renames
 /// and Kubernetes' ConfigMap symlink swaps all show up as new contents; the
-/// contents, not timestamps, decide whether anything changed.
+/// contents, not timestamps, decide whether anything changed. A file that
+/// cannot be read twice running (deleted, say, rather than caught mid-swap)
+/// is reported through `apply` as an error, once, until it is back.
 pub(crate) async fn watch(
     path: PathBuf,
     mut current: String,
-    mut apply: impl FnMut(&Path, &str) + Send + 'static,
+    mut apply: impl FnMut(&Path, Result<&str, &PolicyError>) + Send + 'static,
 ) {
+    let mut unreadable = 0u32;
     #[cfg(unix)]
     let mut hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()).ok();
     loop {
@@ -47,14 +65,22 @@ pub(crate) async fn watch(
             tokio::time::sleep(WATCH_EVERY).await;
             false
         };
-        let Ok(text) = tokio::fs::read_to_string(&path).await else {
-            // Mid-swap, or gone: keep serving, and look again shortly.
-            continue;
+        let text = match Policy::read(&path) {
+            Ok(text) => text,
+            Err(e) => {
+                // Once may be a swap caught halfway; twice is not.
+                unreadable = unreadable.saturating_add(1);
+                if unreadable == 2 || forced {
+                    apply(&path, Err(&e));
+                }
+                continue;
+            }
         };
-        if text == current && !forced {
+        let back = std::mem::take(&mut unreadable) >= 2;
+        if text == current && !forced && !back {
             continue;
         }
-        apply(&path, &text);
+        apply(&path, Ok(&text));
         current = text;
     }
 }
@@ -67,15 +93,35 @@ pub(crate) async fn watch(
 /// when `--store` chose it); when the new policy names another, the rest of
 /// it is put in force, and a warning and the
 /// `sluice_policy_store_restart_pending` gauge say a restart is needed.
+///
+/// A policy with neither rules nor limits does not replace one that has
+/// some unless it says so (`rules: []`): an editor that empties a file
+/// before writing it, or a copy cut short, would otherwise drop every
+/// limit at once.
 pub(crate) fn reload<S: Store>(
     path: &Path,
-    text: &str,
+    text: Result<&str, &PolicyError>,
     enforcer: &Enforcer<S>,
     error: &ArcSwapOption<String>,
     running: Option<&StoreConfig>,
 ) {
-    match Policy::from_str(text, path) {
+    let compiled = text.map_err(Clone::clone).and_then(|text| {
+        let policy = Policy::from_str(text, path)?;
+        if policy.is_empty() && !policy.is_empty_on_purpose() && !enforcer.policy().is_empty() {
+            return Err(PolicyError {
+                file: path.to_owned(),
+                line: 0,
+                column: 0,
+                message: "the policy has no rules and no limits, and would drop every one in \
+                          force; if that is meant, say `rules: []`"
+                    .into(),
+            });
+        }
+        Ok(policy)
+    });
+    match compiled {
         Ok(policy) => {
+            log_warnings(&policy);
             let pending = running.is_some_and(|r| r != policy.store());
             ::metrics::gauge!("sluice_policy_store_restart_pending")
                 .set(f64::from(u8::from(pending)));

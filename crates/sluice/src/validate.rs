@@ -12,13 +12,18 @@ pub(crate) fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     for file in &args.files {
         match Policy::from_path(file) {
-            Ok(policy) => writeln!(
-                out,
-                "{}: ok ({} limits, {} rules)",
-                file.display(),
-                policy.limits().len(),
-                policy.rules().len()
-            )?,
+            Ok(policy) => {
+                for w in policy.warnings() {
+                    eprintln!("{w}");
+                }
+                writeln!(
+                    out,
+                    "{}: ok ({} limits, {} rules)",
+                    file.display(),
+                    policy.limits().len(),
+                    policy.rules().len()
+                )?;
+            }
             Err(err) => {
                 failed = true;
                 eprintln!("{err}");

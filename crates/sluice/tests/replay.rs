@@ -120,7 +120,7 @@ rules:
     let mut events = Vec::new();
     let mut ms = 0u32;
     let mut t = 0.0;
-    let mut victim = |events: &mut Vec<Value>, t: f64| events.push(req(t, "198.51.100.7"));
+    let victim = |events: &mut Vec<Value>, t: f64| events.push(req(t, "198.51.100.7"));
     for _ in 0..5 {
         victim(&mut events, t);
     }
@@ -533,4 +533,30 @@ fn bad_events_are_reported_with_their_line() {
         &sluice(&["replay", "-p", path(&p), "-e", "/nonexistent/e.jsonl"]),
         &["cannot open"],
     );
+}
+
+/// A policy that is legal but likely wrong still validates, with a warning
+/// per doubtful value at its file, line and column.
+#[test]
+fn validate_warns_about_likely_mistakes_and_still_succeeds() {
+    let dir = Dir::new();
+    let p = dir.file(
+        "policy.yaml",
+        "limits:\n  send:\n    algorithm: token_bucket\n    algorithm_config: {rate: 5}\n",
+    );
+    let out = sluice(&["validate", path(&p)]);
+    assert!(out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let file = path(&p);
+    assert!(
+        stderr.contains(&format!(
+            "{file}:2:3: warning: limit `send` has no `max_reserved`"
+        )),
+        "{stderr}"
+    );
+    assert!(
+        stderr.contains(&format!("{file}:4:30: warning: `rate` without `period`")),
+        "{stderr}"
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 limits, 0 rules)"));
 }

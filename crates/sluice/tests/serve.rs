@@ -35,7 +35,12 @@ rules:
 /// A server state on a stopped clock: every call happens at the same
 /// instant, so the numbers below are exact.
 fn state(token: Option<&str>) -> Arc<AppState<FakeClock>> {
-    let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
+    state_of(POLICY, token)
+}
+
+/// [`state`] with another policy.
+fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeClock>> {
+    let policy = Policy::from_str(policy, "policy.yaml").unwrap();
     let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
     Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
@@ -549,4 +554,144 @@ async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stop
     // SIGTERM: a graceful stop, with a clean exit.
     let mut server = server;
     server.terminate(Duration::from_secs(10)).await;
+}
+
+/// A reload must not trust what it reads: an emptied or truncated file
+/// would drop every limit, and a key file that never ends would hold the
+/// reload forever. Each is refused, the old policy keeps serving, and
+/// `/readyz` says why; so is a policy file that was deleted.
+#[tokio::test]
+async fn a_reload_that_would_drop_every_limit_or_read_without_end_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let (_server, base, _) = spawn_serve(&path).await;
+    let client = reqwest::Client::new();
+    let readyz = async || -> (u16, String) {
+        let r = client.get(format!("{base}/readyz")).send().await.unwrap();
+        let status = r.status().as_u16();
+        let body: serde_json::Value = r.json().await.unwrap_or_default();
+        (
+            status,
+            body["detail"].as_str().unwrap_or_default().to_owned(),
+        )
+    };
+    let refused = async |text: Option<&str>, why: &str| {
+        match text {
+            Some(t) => std::fs::write(&path, t).unwrap(),
+            None => std::fs::remove_file(&path).unwrap(),
+        }
+        eventually(Duration::from_secs(10), why, async || {
+            let (status, detail) = readyz().await;
+            status == 503 && detail.contains(why)
+        })
+        .await;
+        // The old policy is still in force.
+        let res = client
+            .post(format!("{base}/v1/check"))
+            .body(r#"{"limit": "sendMessage", "key": "k"}"#)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200, "after {why}");
+        // Back to the good policy in between, so that each case starts from
+        // a successful reload.
+        std::fs::write(&path, POLICY).unwrap();
+        eventually(Duration::from_secs(10), "the good policy", async || {
+            readyz().await.0 == 200
+        })
+        .await;
+    };
+    refused(Some(""), "no rules and no limits").await;
+    refused(Some("limits:\n"), "no rules and no limits").await;
+    let endless = format!("jwt:\n  keys:\n    - {{alg: RS256, pem_file: /dev/zero}}\n{POLICY}");
+    refused(Some(&endless), "not a regular file").await;
+    refused(None, "cannot read the policy file").await;
+
+    // Said on purpose, an empty policy is put in force.
+    std::fs::write(&path, "rules: []\n").unwrap();
+    eventually(Duration::from_secs(10), "the empty policy", async || {
+        let res = client
+            .post(format!("{base}/v1/check"))
+            .body(r#"{"limit": "sendMessage", "key": "k"}"#)
+            .send()
+            .await
+            .unwrap();
+        res.status() == 404
+    })
+    .await;
+    assert_eq!(readyz().await.0, 200);
+}
+
+/// Named limits choose how a store failure answers, as rules do: `open`
+/// lets the call through, `closed` is a 503; either way the failure is
+/// counted.
+#[tokio::test]
+async fn a_named_limit_fails_open_or_closed_as_it_says() {
+    let policy = Policy::from_str(
+        r#"
+on_store_error: closed
+limits:
+  lenient:
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, max_reserved: 1}
+    on_store_error: open
+  strict:
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, max_reserved: 1}
+"#,
+        "policy.yaml",
+    )
+    .unwrap();
+    // Nothing listens there: every store call fails.
+    let url = format!("redis://127.0.0.1:{}", free_port());
+    let store = AnyStore::open(Some(&url), policy.store()).unwrap();
+    let s = Arc::new(AppState {
+        enforcer: Arc::new(Enforcer::new(policy, store)),
+        admin_token: None,
+        metrics: None,
+        reload_error: arc_swap::ArcSwapOption::empty(),
+    });
+    let ask = |limit: &str| serde_json::json!({"limit": limit, "key": "k"}).to_string();
+    let res = app(Arc::clone(&s))
+        .oneshot(
+            http::Request::post("/v1/limit")
+                .body(Body::from(ask("lenient")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let bytes = res.into_body().collect().await.unwrap().to_bytes();
+    let j: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(j["allowed"], true);
+    let res = app(Arc::clone(&s))
+        .oneshot(
+            http::Request::post("/v1/limit")
+                .body(Body::from(ask("strict")))
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 503);
+}
+
+/// One caller must not freeze a shared key with an absurd reservation.
+#[tokio::test]
+async fn a_reservation_beyond_the_horizon_is_refused_and_the_key_still_serves() {
+    // No max_reserved: only the one-year horizon bounds a reservation.
+    let s = state_of(
+        "limits: {sendMessage: {algorithm: token_bucket, algorithm_config: {rps: 1, burst: 2}}}",
+        None,
+    );
+    let huge = serde_json::json!({"limit": "sendMessage", "key": "shared", "count": 1e300, "reserve": true});
+    let (st, ctype, j) = call(&s, "POST", "/v1/limit", huge.to_string(), None).await;
+    assert_eq!((st, ctype.as_str()), (422, "application/problem+json"));
+    assert!(
+        j["detail"].as_str().unwrap().contains("can never succeed"),
+        "{j}"
+    );
+    let one = serde_json::json!({"limit": "sendMessage", "key": "shared"});
+    let (st, _, j) = call(&s, "POST", "/v1/limit", one.to_string(), None).await;
+    assert_eq!((st, &j["remaining"]), (200, &1.into()));
 }

@@ -50,7 +50,6 @@ use http::Request;
 use hyper::body::Incoming;
 use sluice_core::Store;
 use sluice_http::{Enforcer, PeerAddr, RateLimitLayer};
-use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
@@ -120,9 +119,7 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
     let path = args.policy;
-    let text = std::fs::read_to_string(&path)
-        .with_context(|| format!("{}: cannot read the policy file", path.display()))?;
-    let policy = Policy::from_str(&text, &path)?;
+    let (policy, text) = crate::reload::load(&path)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()?;

@@ -19,7 +19,7 @@ use axum::routing::{get, post};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
-use sluice_core::{Clock, Decision, Mode, Op, Store, StoreError, SystemClock};
+use sluice_core::{Clock, Decision, Mode, Store, StoreError, SystemClock};
 use sluice_http::{Enforcer, PROBLEM_JSON, Verdict, Verified, denial, rate_limit_headers};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
@@ -362,8 +362,11 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
         (true, true) => Mode::RESERVE,
         (true, false) => Mode::CONSUME,
     };
-    let op = Op::new(named.limit(), &call.key, call.count);
-    match state.enforcer.decide_named(op, mode).await {
+    match state
+        .enforcer
+        .decide_named(named, &call.key, call.count, mode)
+        .await
+    {
         Ok(d) => answer(d),
         Err(e) => store_failed(&e),
     }

@@ -28,11 +28,7 @@ pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml"
 pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
     init_logs();
     let (policy, text) = match &args.policy {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("{}: cannot read the policy file", path.display()))?;
-            (Policy::from_str(&text, path)?, text)
-        }
+        Some(path) => crate::reload::load(path)?,
         None => (
             Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?,
             EXAMPLE_POLICY.to_owned(),
