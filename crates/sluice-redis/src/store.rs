@@ -118,10 +118,19 @@ impl Shared {
             self.ready.store(false, Ordering::Relaxed);
         }
         if e.is_timeout() {
-            StoreError::Timeout
+            self.timed_out()
         } else {
             StoreError::Unavailable(e.to_string())
         }
+    }
+
+    /// A call missed its deadline. A Redis that hangs (paused, swapping,
+    /// stuck in a slow script) keeps its connections open and refuses
+    /// nothing, so a miss is what says it is not answering: the store is
+    /// not ready until a ping within the deadline says it is again.
+    fn timed_out(&self) -> StoreError {
+        self.ready.store(false, Ordering::Relaxed);
+        StoreError::Timeout
     }
 
     /// Awaits `call` within the deadline, mapping a miss and Redis errors.
@@ -130,7 +139,7 @@ impl Shared {
         call: impl Future<Output = Result<T, RedisError>>,
     ) -> Result<T, StoreError> {
         match tokio::time::timeout(self.config.timeout(), call).await {
-            Err(_) => Err(StoreError::Timeout),
+            Err(_) => Err(self.timed_out()),
             Ok(Err(e)) => Err(self.classify(&e)),
             Ok(Ok(v)) => Ok(v),
         }
@@ -494,7 +503,7 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
         let mut job = Some(first);
         while let Some(j) = job.take() {
             if j.deadline <= now {
-                let _ = j.reply.send(Err(StoreError::Timeout));
+                let _ = j.reply.send(Err(shared.timed_out()));
             } else {
                 batch.push(j);
             }
@@ -575,7 +584,7 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
                     let now = Instant::now();
                     for slot in &mut jobs {
                         if let Some(job) = slot.take_if(|j| j.deadline <= now) {
-                            let _ = job.reply.send(Err(StoreError::Timeout));
+                            let _ = job.reply.send(Err(shared.timed_out()));
                         }
                     }
                 }

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::{Limit, Mode, OnError, Op, Store, TokenBucket};
+use sluice_core::{Limit, Mode, OnError, Op, Store, StoreError, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStore};
 use support::{RedisServer, command};
 
@@ -337,6 +337,44 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     }
     let stats = store.stats();
     assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
+}
+
+/// A Redis that hangs refuses no connection; only its silence says it is
+/// down. Timeouts make the store not ready, and it is ready again once
+/// Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_redis_is_not_ready_and_readiness_returns_with_its_answers() {
+    let _alone = ALONE.lock().await;
+    let server = RedisServer::start();
+    let store = store(&server);
+    let limit = Limit::new("paused", TokenBucket::new(1_000.0, 1_000.0).unwrap());
+    store.ping().await.unwrap();
+    assert!(store.is_ready());
+    server.pause();
+    for _ in 0..10 {
+        let r = store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await;
+        assert!(matches!(r, Err(StoreError::Timeout)), "{r:?}");
+        assert!(!store.is_ready(), "ready while every decision times out");
+    }
+    server.resume();
+    let back = Instant::now();
+    while !store.is_ready() {
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "not ready 2 s after Redis resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let d = loop {
+        match store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await {
+            Ok(d) => break d,
+            Err(e) => assert!(
+                back.elapsed() < Duration::from_secs(2),
+                "no decision 2 s after Redis resumed: {e}"
+            ),
+        }
+    };
+    assert!(d.allowed);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

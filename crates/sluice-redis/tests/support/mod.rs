@@ -357,6 +357,26 @@ impl RedisServer {
         }
     }
 
+    /// Stops the process without ending it (SIGSTOP): its socket stays
+    /// open and connected clients get no answer, as from a Redis that hangs.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Lets a paused process run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, which: &str) {
+        let pid = self.child.as_ref().expect("the server is running").id();
+        let status = Command::new("kill")
+            .args([which, &pid.to_string()])
+            .status()
+            .expect("kill runs");
+        assert!(status.success(), "kill {which} {pid} failed");
+    }
+
     /// Starts the server again (killing it first if it runs) with the same
     /// port, directory and arguments, and waits until it answers PING.
     /// Panics, with the log, if it cannot within about 10 seconds.
