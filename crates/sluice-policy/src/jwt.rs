@@ -8,6 +8,7 @@
 //!   issuer: https://issuer.example   # optional; when set, `iss` must be present and equal
 //!   audience: my-api                 # optional; when set, `aud` must be present and name it
 //!   leeway: 30                       # seconds of clock skew allowed on exp/nbf, default 0
+//!   max_lifetime: 1d                 # optional; when set, `exp` must be present and at most this far ahead
 //!   keys:
 //!     - {alg: HS256, secret: "at least 32 bytes of shared secret"}   # or secret_file: path
 //!     - {alg: RS256, pem_file: keys/rsa.pub.pem, kid: rsa-1}
@@ -17,7 +18,10 @@
 //!
 //! Paths are relative to the policy file's directory. `exp` and `nbf` are
 //! checked when a token carries them but are not required, since many
-//! internal issuers mint long-lived service tokens without them.
+//! internal issuers mint long-lived service tokens without them. A time
+//! past the year 9999 is refused as malformed, so `exp: 1e300` does not
+//! make a token valid forever; `max_lifetime` caps how far ahead `exp` may
+//! be, for issuers whose tokens are all short-lived.
 
 use std::borrow::Cow;
 use std::collections::HashSet;
@@ -48,6 +52,7 @@ pub(crate) struct RawJwt {
     pub(crate) issuer: Option<Spanned<String>>,
     pub(crate) audience: Option<Spanned<String>>,
     pub(crate) leeway: Option<Spanned<u64>>,
+    pub(crate) max_lifetime: Option<Spanned<crate::schema::Secs>>,
     #[serde(default)]
     pub(crate) keys: Vec<Spanned<RawJwtKey>>,
     pub(crate) jwks_file: Option<Spanned<String>>,
@@ -154,6 +159,8 @@ struct Inner {
     issuer: Option<String>,
     audience: Option<String>,
     leeway: u64,
+    /// Seconds `exp` may be ahead of now; `None` when not configured.
+    max_lifetime: Option<f64>,
     keys: Vec<VerifyKey>,
 }
 
@@ -270,6 +277,13 @@ impl JwtVerifier {
                 issuer: non_empty(&raw.issuer, "issuer")?,
                 audience: non_empty(&raw.audience, "audience")?,
                 leeway: raw.leeway.as_ref().map_or(0, |l| l.value),
+                max_lifetime: match &raw.max_lifetime {
+                    Some(m) if m.value.0.0 <= 0 => {
+                        return Err(JwtConfigError::at(m, "`max_lifetime` must be positive"));
+                    }
+                    Some(m) => Some(m.value.0.as_secs_f64()),
+                    None => None,
+                },
                 keys,
             }),
         })
@@ -302,16 +316,10 @@ impl JwtVerifier {
     /// # Ok::<(), sluice_policy::PolicyError>(())
     /// ```
     pub fn token_from_header<'a>(&self, value: &'a str) -> Option<&'a str> {
-        let value = value.trim();
-        let token = if self.inner.bearer {
-            let (scheme, rest) = value.split_once([' ', '\t'])?;
-            if !scheme.eq_ignore_ascii_case("bearer") {
-                return None;
-            }
-            rest.trim_start()
-        } else {
-            value
-        };
+        if self.inner.bearer {
+            return bearer_token(value);
+        }
+        let token = value.trim();
         (!token.is_empty() && !token.contains(char::is_whitespace)).then_some(token)
     }
 
@@ -405,9 +413,15 @@ impl JwtVerifier {
         let i = &self.inner;
         let now = now as f64;
         let leeway = i.leeway as f64;
+        // RFC 7519's NumericDate, within what a calendar can name: a time
+        // past the year 9999 is no date but a way to never expire.
+        const LAST_DATE: f64 = 253_402_300_799.0;
         let time = |name: &str| match claims.get(name) {
             None => Some(None),
-            Some(Value::Number(n)) => n.as_f64().map(Some),
+            Some(Value::Number(n)) => n
+                .as_f64()
+                .filter(|t| (-LAST_DATE..=LAST_DATE).contains(t))
+                .map(Some),
             Some(_) => None,
         };
         // A present but non-numeric `exp`/`nbf` is refused rather than ignored:
@@ -417,6 +431,11 @@ impl JwtVerifier {
         };
         // RFC 7519 §4.1.4: the current time must be before `exp`.
         if exp.is_some_and(|exp| now >= exp + leeway) {
+            return false;
+        }
+        if let Some(max) = i.max_lifetime
+            && exp.is_none_or(|exp| exp - now > max)
+        {
             return false;
         }
         // RFC 7519 §4.1.5: the current time must be at or after `nbf`.
@@ -440,6 +459,25 @@ impl JwtVerifier {
         }
         true
     }
+}
+
+/// The token of an `Authorization: Bearer <token>` value: the scheme in
+/// any case (RFC 9110 §11.1), then one token with no white space in it.
+///
+/// ```
+/// use sluice_policy::bearer_token;
+/// assert_eq!(bearer_token("bearer  abc.def "), Some("abc.def"));
+/// assert_eq!(bearer_token("BEARER s3cret"), Some("s3cret"));
+/// assert_eq!(bearer_token("Basic dXNlcjpwdw=="), None);
+/// assert_eq!(bearer_token("Bearer a b"), None);
+/// ```
+pub fn bearer_token(value: &str) -> Option<&str> {
+    let (scheme, rest) = value.trim().split_once([' ', '\t'])?;
+    if !scheme.eq_ignore_ascii_case("bearer") {
+        return None;
+    }
+    let token = rest.trim_start();
+    (!token.is_empty() && !token.contains(char::is_whitespace)).then_some(token)
 }
 
 /// The payload of a verified token.
@@ -995,7 +1033,11 @@ mod tests {
         // Without `exp` a token does not expire.
         let forever = sign(Algorithm::HS256, None, &json!({"sub": "svc"}), &hs(SECRET));
         assert!(v.verify_at(&forever, u64::MAX).is_some());
-        // Extreme values neither overflow nor pass.
+        // Extreme values neither overflow nor pass: a time past the year
+        // 9999 is malformed, not a token that never expires.
+        assert!(v.verify_at(&at(json!(1e300)), NOW).is_none());
+        assert!(v.verify_at(&at(json!(253_402_300_800_u64)), NOW).is_none());
+        assert!(v.verify_at(&at(json!(253_402_300_799_u64)), NOW).is_some());
         assert!(v.verify_at(&at(json!(-1e300)), NOW).is_none());
         assert!(v.verify_at(&at(json!(i64::MIN)), NOW).is_none());
         let huge = verifier(&format!(
@@ -1004,6 +1046,17 @@ mod tests {
         ));
         assert!(huge.verify_at(&at(json!(0)), NOW).is_some());
         assert!(huge.verify_at(&at(json!(0)), u64::MAX).is_none());
+    }
+
+    #[test]
+    fn max_lifetime_caps_how_far_ahead_exp_may_be_and_requires_it() {
+        let v = verifier(&format!(
+            "{{max_lifetime: 1h, keys: [{{alg: HS256, secret: {SECRET}}}]}}"
+        ));
+        let at = |claims: Value| sign(Algorithm::HS256, None, &claims, &hs(SECRET));
+        assert!(v.verify_at(&at(json!({"exp": NOW + 3_600})), NOW).is_some());
+        assert!(v.verify_at(&at(json!({"exp": NOW + 3_601})), NOW).is_none());
+        assert!(v.verify_at(&at(json!({"sub": "svc"})), NOW).is_none());
     }
 
     #[test]

@@ -36,7 +36,7 @@ mod schema;
 pub use client_ip::{TrustedProxies, TrustedProxiesError};
 pub use error::{PolicyError, PolicyWarning};
 pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
-pub use jwt::{Claims, JwtVerifier};
+pub use jwt::{Claims, JwtVerifier, bearer_token};
 pub use keys::{Cost, CostSource, LimitKey, decode_key, encode_key};
 pub use matching::{Condition, RuleHit};
 pub use policy::{Mode, NamedLimit, OnMissing, OnStoreError, Policy, Rule, StoreConfig};

@@ -122,7 +122,7 @@ async fn named_limits_consume_check_reserve_reset_and_read() {
 }
 
 #[tokio::test]
-async fn reset_without_the_admin_token_is_refused_and_changes_nothing() {
+async fn reset_without_the_admin_token_is_refused_and_changes_nothing_and_the_scheme_is_any_case() {
     let s = state(Some("s3cret"));
     let spend = serde_json::json!({"limit": "sendMessage", "key": "u1", "count": 2}).to_string();
     call(&s, "POST", "/v1/limit", spend, None).await;
@@ -147,6 +147,20 @@ async fn reset_without_the_admin_token_is_refused_and_changes_nothing() {
     )
     .await;
     assert_eq!(j["tokens"], 0.0);
+    // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
+    for auth in ["bearer s3cret", "BEARER  s3cret"] {
+        let (st, _, _) = call(&s, "POST", "/v1/reset", reset.clone(), Some(auth)).await;
+        assert_eq!(st, 200, "{auth}");
+    }
+    let (st, _, _) = call(
+        &s,
+        "POST",
+        "/v1/reset",
+        reset.clone(),
+        Some("bearer S3CRET"),
+    )
+    .await;
+    assert_eq!(st, 401);
     // With no token configured, admin endpoints are off altogether.
     let off = state(None);
     let (st, _, _) = call(&off, "POST", "/v1/reset", reset, Some("Bearer ")).await;

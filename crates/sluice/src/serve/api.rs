@@ -389,7 +389,7 @@ fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
     headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
+        .and_then(sluice_policy::bearer_token)
         .is_some_and(|given| constant_time_eq::constant_time_eq(given.as_bytes(), token.as_bytes()))
 }
 
