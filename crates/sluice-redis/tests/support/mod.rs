@@ -369,11 +369,14 @@ impl RedisServer {
     }
 
     fn signal(&self, which: &str) {
-        let pid = self.child.as_ref().expect("the server is running").id();
+        let Some(child) = &self.child else {
+            panic!("kill {which}: the server is not running");
+        };
+        let pid = child.id();
         let status = Command::new("kill")
             .args([which, &pid.to_string()])
             .status()
-            .expect("kill runs");
+            .unwrap_or_else(|e| panic!("cannot run kill {which} {pid}: {e}"));
         assert!(status.success(), "kill {which} {pid} failed");
     }
 
