@@ -33,6 +33,38 @@ use ipnet::{IpNet, Ipv4Net, Ipv6Net};
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TrustedProxies {
     nets: Vec<IpNet>,
+    header: Option<ForwardingHeader>,
+}
+
+/// The forwarding header that the trusted proxies write. A proxy keeps one
+/// and passes the other on as the client sent it; reading only the one it
+/// keeps leaves a client nothing to forge.
+///
+/// ```
+/// use sluice_policy::ForwardingHeader;
+/// assert_eq!(ForwardingHeader::parse("X-Forwarded-For"), Some(ForwardingHeader::XForwardedFor));
+/// assert_eq!(ForwardingHeader::parse("forwarded"), Some(ForwardingHeader::Forwarded));
+/// assert_eq!(ForwardingHeader::parse("x-real-ip"), None);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardingHeader {
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+    /// `X-Forwarded-For`.
+    XForwardedFor,
+}
+
+impl ForwardingHeader {
+    /// The header named `name`, in any case.
+    pub fn parse(name: &str) -> Option<ForwardingHeader> {
+        if name.eq_ignore_ascii_case("forwarded") {
+            Some(ForwardingHeader::Forwarded)
+        } else if name.eq_ignore_ascii_case("x-forwarded-for") {
+            Some(ForwardingHeader::XForwardedFor)
+        } else {
+            None
+        }
+    }
 }
 
 /// An entry of `trusted_proxies` that is not an address or CIDR.
@@ -90,7 +122,30 @@ impl TrustedProxies {
             }
             nets.push(canonical_net(net));
         }
-        Ok(TrustedProxies { nets })
+        Ok(TrustedProxies { nets, header: None })
+    }
+
+    /// Reads only `header`: the one the trusted proxies write.
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use sluice_policy::{ForwardingHeader, TrustedProxies};
+    /// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    /// let p = TrustedProxies::parse(&["10.0.0.0/8"])?.with_header(ForwardingHeader::XForwardedFor);
+    /// // The client's own `Forwarded` is not read, so it cannot spoil the
+    /// // address the proxy vouched for.
+    /// let forged = ["for=_hidden"];
+    /// assert_eq!(p.client_ip(ip("10.0.0.1"), forged, ["192.0.2.5"]), ip("192.0.2.5"));
+    /// # Ok::<(), sluice_policy::TrustedProxiesError>(())
+    /// ```
+    pub fn with_header(mut self, header: ForwardingHeader) -> TrustedProxies {
+        self.header = Some(header);
+        self
+    }
+
+    /// The one header read, when the policy names it.
+    pub fn header(&self) -> Option<ForwardingHeader> {
+        self.header
     }
 
     /// No trusted proxies: every request's client is its socket peer.
@@ -139,12 +194,15 @@ impl TrustedProxies {
     /// written by a trusted proxy. If every hop is trusted, the leftmost is
     /// the client.
     ///
-    /// A proxy maintains one of the two headers and passes the other on as
-    /// the client sent it, and which one is not knowable here; so when both
-    /// are present and their walks name different clients, neither is
-    /// believed and the client is the peer. A client cannot choose its key by
-    /// adding the header its proxy does not write; at worst its requests all
-    /// count against its proxy's address.
+    /// When the policy names the header its proxies write
+    /// ([`TrustedProxies::with_header`]), only that one is read. Otherwise a
+    /// proxy maintains one of the two headers and passes the other on as the
+    /// client sent it, and which one is not knowable here; so when both are
+    /// present and their walks name different clients, neither is believed
+    /// and the client is the peer. A client cannot choose its key by adding
+    /// the header its proxy does not write, but it can make its requests
+    /// count against its proxy's address, which every client it cannot
+    /// attribute shares: name the header to close that.
     ///
     /// ```
     /// use std::net::IpAddr;
@@ -175,8 +233,15 @@ impl TrustedProxies {
             return peer;
         }
         let present = |values: &[&str]| values.iter().any(|v| !v.trim().is_empty());
-        let forwarded: Vec<&str> = forwarded.into_iter().collect();
-        let x_forwarded_for: Vec<&str> = x_forwarded_for.into_iter().collect();
+        let read = |h| self.header.is_none_or(|named| named == h);
+        let forwarded: Vec<&str> = match read(ForwardingHeader::Forwarded) {
+            true => forwarded.into_iter().collect(),
+            false => Vec::new(),
+        };
+        let x_forwarded_for: Vec<&str> = match read(ForwardingHeader::XForwardedFor) {
+            true => x_forwarded_for.into_iter().collect(),
+            false => Vec::new(),
+        };
         let by_forwarded = present(&forwarded).then(|| {
             let hops = forwarded
                 .iter()

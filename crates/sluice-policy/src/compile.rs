@@ -9,13 +9,15 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use sluice_core::{Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, TokenBucket};
 
-use crate::client_ip::TrustedProxies;
+use crate::client_ip::{ForwardingHeader, TrustedProxies};
 use crate::error::{Invalid, Pos, at};
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, CostSource, LimitKey};
 use crate::matching::Condition;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
-use crate::schema::{AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, StoreKind};
+use crate::schema::{
+    AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, RawTrustedProxies, StoreKind,
+};
 
 /// The most shards a limit may be split into. A shard is a key of its own
 /// in the store, and a value or a reset visits every one.
@@ -39,13 +41,8 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
             || raw.limits.as_ref().is_some_and(|l| l.0.is_empty()),
         ..Policy::default()
     };
-    if let Some(list) = &raw.trusted_proxies {
-        let cidrs: Vec<&str> = list.iter().map(|s| s.value.as_str()).collect();
-        policy.trusted_proxies =
-            TrustedProxies::parse(&cidrs).map_err(|e| match list.get(e.index) {
-                Some(entry) => at(entry, e.message),
-                None => at(Pos::default(), e.message),
-            })?;
+    if let Some(t) = &raw.trusted_proxies {
+        policy.trusted_proxies = trusted_proxies(t, &mut warnings)?;
     }
     if let Some(jwt) = &raw.jwt {
         let base = file.parent().unwrap_or(Path::new(""));
@@ -201,6 +198,43 @@ fn needs_jwt(what: &str) -> String {
         "`{what}` reads a verified token's claim, but the policy has no `jwt` section \
          to verify tokens with, so the rule would never apply"
     )
+}
+
+fn trusted_proxies(
+    t: &Spanned<RawTrustedProxies>,
+    warnings: &mut Vec<Invalid>,
+) -> Result<TrustedProxies, Invalid> {
+    let list = &t.value.cidrs;
+    let cidrs: Vec<&str> = list.iter().map(|s| s.value.as_str()).collect();
+    let proxies = TrustedProxies::parse(&cidrs).map_err(|e| match list.get(e.index) {
+        Some(entry) => at(entry, e.message),
+        None => at(t, e.message),
+    })?;
+    match &t.value.header {
+        Some(h) => match ForwardingHeader::parse(&h.value) {
+            Some(header) => Ok(proxies.with_header(header)),
+            None => Err(at(
+                h,
+                format!(
+                    "`header` {:?} is not a forwarding header; expected `forwarded` or \
+                     `x-forwarded-for`, whichever the proxies write",
+                    h.value
+                ),
+            )),
+        },
+        None => {
+            if !proxies.is_empty() {
+                warnings.push(at(
+                    t,
+                    "trusted_proxies does not say which header the proxies write, so both \
+                     `Forwarded` and `X-Forwarded-For` are read, and a client that adds the \
+                     one its proxy passes on unchanged is keyed on the proxy's address; write \
+                     `trusted_proxies: {cidrs: [...], header: x-forwarded-for}` (or `forwarded`)",
+                ));
+            }
+            Ok(proxies)
+        }
+    }
 }
 
 /// Records `name` as taken, refusing empty and duplicate names.

@@ -33,7 +33,7 @@ mod policy;
 mod request;
 mod schema;
 
-pub use client_ip::{TrustedProxies, TrustedProxiesError};
+pub use client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
 pub use error::{PolicyError, PolicyWarning};
 pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
 pub use jwt::{Claims, JwtVerifier, bearer_token};

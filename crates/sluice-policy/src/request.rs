@@ -161,6 +161,39 @@ impl RequestParts {
         self
     }
 
+    /// Takes `ip` as the socket peer and puts the client address in its
+    /// place: the peer itself, unless it is one of `proxies`, whose
+    /// forwarding headers among `headers` then say who the client is (see
+    /// [`TrustedProxies::client_ip`](crate::TrustedProxies::client_ip)), as
+    /// the middleware decides a live request.
+    ///
+    /// ```
+    /// use sluice_policy::{Request, RequestParts, TrustedProxies};
+    /// let proxies = TrustedProxies::parse(&["10.0.0.0/8"]).unwrap();
+    /// let via_proxy = RequestParts::new("GET", "/")
+    ///     .with_ip("10.0.0.1".parse().unwrap())
+    ///     .with_header("X-Forwarded-For", "192.0.2.9")
+    ///     .with_client_behind(&proxies);
+    /// assert_eq!(via_proxy.ip(), Some("192.0.2.9".parse().unwrap()));
+    /// let forged = RequestParts::new("GET", "/")
+    ///     .with_ip("203.0.113.1".parse().unwrap())
+    ///     .with_header("X-Forwarded-For", "192.0.2.9")
+    ///     .with_client_behind(&proxies);
+    /// assert_eq!(forged.ip(), Some("203.0.113.1".parse().unwrap()));
+    /// ```
+    pub fn with_client_behind(mut self, proxies: &crate::TrustedProxies) -> Self {
+        if let Some(peer) = self.ip {
+            let values = |name: &'static str| {
+                self.headers
+                    .iter()
+                    .filter(move |(n, _)| n.eq_ignore_ascii_case(name))
+                    .map(|(_, v)| v.as_str())
+            };
+            self.ip = Some(proxies.client_ip(peer, values("forwarded"), values("x-forwarded-for")));
+        }
+        self
+    }
+
     /// Sets the raw query string.
     ///
     /// ```

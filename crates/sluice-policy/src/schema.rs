@@ -6,7 +6,7 @@ use std::fmt;
 use std::marker::PhantomData;
 
 use serde::Deserialize;
-use serde::de::{self, MapAccess, Visitor};
+use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 use sluice_core::Nanos;
 
@@ -18,7 +18,7 @@ use crate::policy::{Mode, OnMissing, OnStoreError};
 pub(crate) struct RawPolicy {
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) on_store_error: Option<OnStoreError>,
-    pub(crate) trusted_proxies: Option<Vec<Spanned<String>>>,
+    pub(crate) trusted_proxies: Option<Spanned<RawTrustedProxies>>,
     pub(crate) jwt: Option<Spanned<RawJwt>>,
     pub(crate) limits: Option<Entries<RawLimit>>,
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,
@@ -94,6 +94,59 @@ pub(crate) struct RawConfig {
 ///
 /// Duplicate keys never reach this type: the parser rejects them with a
 /// position, which is the error we want for duplicate limit names.
+/// `trusted_proxies`: a list of CIDRs, or `{cidrs: [...], header: ...}`
+/// naming the one forwarding header the proxies write. Read by hand, since
+/// an untagged enum would buffer the values and lose their positions.
+#[derive(Debug, Default)]
+pub(crate) struct RawTrustedProxies {
+    pub(crate) cidrs: Vec<Spanned<String>>,
+    pub(crate) header: Option<Spanned<String>>,
+}
+
+impl<'de> Deserialize<'de> for RawTrustedProxies {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct TrustedVisitor;
+        impl<'de> Visitor<'de> for TrustedVisitor {
+            type Value = RawTrustedProxies;
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a list of CIDRs, or a mapping with `cidrs` and `header`")
+            }
+            fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Self::Value, A::Error> {
+                let mut cidrs = Vec::new();
+                while let Some(c) = seq.next_element()? {
+                    cidrs.push(c);
+                }
+                Ok(RawTrustedProxies {
+                    cidrs,
+                    header: None,
+                })
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Self::Value, A::Error> {
+                let mut out = RawTrustedProxies::default();
+                let mut seen_cidrs = false;
+                while let Some(key) = map.next_key::<String>()? {
+                    match key.as_str() {
+                        "cidrs" if !seen_cidrs => {
+                            out.cidrs = map.next_value()?;
+                            seen_cidrs = true;
+                        }
+                        "header" if out.header.is_none() => out.header = Some(map.next_value()?),
+                        "cidrs" | "header" => {
+                            return Err(de::Error::custom(format_args!("duplicate field `{key}`")));
+                        }
+                        _ => return Err(de::Error::unknown_field(&key, &["cidrs", "header"])),
+                    }
+                }
+                if !seen_cidrs {
+                    return Err(de::Error::missing_field("cidrs"));
+                }
+                Ok(out)
+            }
+        }
+        d.deserialize_any(TrustedVisitor)
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Entries<V>(pub(crate) Vec<(Spanned<String>, Spanned<V>)>);
 

@@ -273,3 +273,60 @@ fn the_example_policy_routes_requests() {
         ]
     );
 }
+
+/// The attack from the hardening review: the trusted proxy keeps
+/// `X-Forwarded-For`, and a client adds a `Forwarded` of its own that
+/// disagrees. Without a header named, neither is believed and the request
+/// is keyed on the proxy's address, a bucket every unattributable client
+/// shares; with the header named, the client's addition is not read.
+#[test]
+fn a_client_cannot_push_its_requests_onto_its_proxys_bucket_once_the_header_is_named() {
+    use std::net::IpAddr;
+    let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+    let request = RequestParts::new("GET", "/")
+        .with_ip(ip("10.0.0.1"))
+        .with_header("x-forwarded-for", "192.0.2.7")
+        .with_header("forwarded", "for=_hidden");
+    let both = Policy::from_str("trusted_proxies: [10.0.0.0/8]", "p.yaml").unwrap();
+    assert_eq!(
+        request
+            .clone()
+            .with_client_behind(both.trusted_proxies())
+            .ip(),
+        Some(ip("10.0.0.1"))
+    );
+    assert_eq!(both.warnings().len(), 1, "{:?}", both.warnings());
+    let named = Policy::from_str(
+        "trusted_proxies: {cidrs: [10.0.0.0/8], header: X-Forwarded-For}",
+        "p.yaml",
+    )
+    .unwrap();
+    assert!(named.warnings().is_empty());
+    assert_eq!(
+        request.with_client_behind(named.trusted_proxies()).ip(),
+        Some(ip("192.0.2.7"))
+    );
+    let forwarded_only = Policy::from_str(
+        "trusted_proxies: {cidrs: [10.0.0.0/8], header: forwarded}",
+        "p.yaml",
+    )
+    .unwrap();
+    let via = RequestParts::new("GET", "/")
+        .with_ip(ip("10.0.0.1"))
+        .with_header("x-forwarded-for", "198.51.100.1")
+        .with_header("forwarded", "for=192.0.2.8");
+    assert_eq!(
+        via.with_client_behind(forwarded_only.trusted_proxies())
+            .ip(),
+        Some(ip("192.0.2.8"))
+    );
+    let err = Policy::from_str(
+        "trusted_proxies: {cidrs: [10.0.0.0/8], header: x-real-ip}",
+        "p.yaml",
+    )
+    .unwrap_err();
+    assert_eq!((err.line, err.column), (1, 48), "{err}");
+    assert!(err.message.contains("not a forwarding header"), "{err}");
+    let err = Policy::from_str("trusted_proxies: {cidrs: [10.0.0.0/33]}", "p.yaml").unwrap_err();
+    assert_eq!((err.line, err.column), (1, 27), "{err}");
+}

@@ -709,3 +709,32 @@ async fn a_reservation_beyond_the_horizon_is_refused_and_the_key_still_serves() 
     let (st, _, j) = call(&s, "POST", "/v1/limit", one.to_string(), None).await;
     assert_eq!((st, &j["remaining"]), (200, &1.into()));
 }
+
+/// `/v1/decide` takes `ip` as the peer, and applies `trusted_proxies` to
+/// the headers it is given, as the middleware does to a live request.
+#[tokio::test]
+async fn decide_reads_forwarding_headers_only_from_trusted_proxies() {
+    let s = state_of(
+        r#"
+trusted_proxies: {cidrs: [10.0.0.0/8], header: x-forwarded-for}
+rules:
+  - name: per-ip
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 1}
+"#,
+        None,
+    );
+    let decide = async |ip: &str, xff: &str| {
+        let body = serde_json::json!({"ip": ip, "headers": {"X-Forwarded-For": xff, "Forwarded": "for=_hidden"}});
+        let (st, _, _) = call(&s, "POST", "/v1/decide", body.to_string(), None).await;
+        st
+    };
+    // Two clients behind one proxy each get their own bucket.
+    assert_eq!(decide("10.0.0.1", "192.0.2.1").await, 200);
+    assert_eq!(decide("10.0.0.1", "192.0.2.2").await, 200);
+    assert_eq!(decide("10.0.0.1", "192.0.2.1").await, 429);
+    // An untrusted peer is the client, whatever it claims.
+    assert_eq!(decide("203.0.113.5", "192.0.2.3").await, 200);
+    assert_eq!(decide("203.0.113.5", "192.0.2.4").await, 429);
+}

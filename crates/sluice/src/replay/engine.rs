@@ -113,6 +113,11 @@ impl Engine {
         Op::new(limit, key, cost).with_pick(rng.u64(..))
     }
 
+    /// The proxies whose forwarding headers name a request's client.
+    pub(crate) fn trusted_proxies(&self) -> &sluice_policy::TrustedProxies {
+        self.policy.trusted_proxies()
+    }
+
     /// All matching enforce rules as one transaction; each shadow rule on
     /// its own, reported but never denying.
     pub(crate) fn request<'a>(

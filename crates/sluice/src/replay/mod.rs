@@ -77,8 +77,12 @@ fn replay(
         engine
             .set_time(t)
             .with_context(|| format!("{events_name}:{n}"))?;
-        match &event {
-            Event::Request(req) => serde_json::to_writer(&mut *out, &engine.request(&t_raw, req))?,
+        match event {
+            Event::Request(req) => {
+                // `ip` is the peer, as for /v1/decide and the middleware.
+                let req = req.with_client_behind(engine.trusted_proxies());
+                serde_json::to_writer(&mut *out, &engine.request(&t_raw, &req))?;
+            }
             Event::Call {
                 limit,
                 key,
@@ -86,7 +90,7 @@ fn replay(
                 reserve,
             } => {
                 let line = engine
-                    .call(&t_raw, limit, key, *count, *reserve)
+                    .call(&t_raw, &limit, &key, count, reserve)
                     .with_context(|| format!("{events_name}:{n}"))?;
                 serde_json::to_writer(&mut *out, &line)?;
             }

@@ -510,7 +510,9 @@ async fn decide<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body:
         headers: e.headers.into_iter().collect(),
         query: e.query,
         ..RequestParts::default()
-    };
+    }
+    // `ip` is the peer the request came from, as a socket reports it.
+    .with_client_behind(policy.trusted_proxies());
     // Claims only from a token the policy's keys verify, as the middleware.
     let verdict = s.enforcer.check(&Verified::new(&parts, &policy)).await;
     decided(&verdict)
