@@ -1,7 +1,7 @@
 //! The algorithms as pure functions: a state, a configuration, the time and a
 //! cost go in; a [`Decision`] and the state to write come out.
 //!
-//! These follow the normative formulas in DESIGN.md line by line, with time in
+//! These follow the formulas of `docs/semantics.md` line by line, with time in
 //! integer nanoseconds so that window boundaries are exact. Every store runs
 //! these same functions (or, in Redis, a script checked against them).
 

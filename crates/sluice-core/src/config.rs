@@ -334,7 +334,7 @@ impl Algorithm {
     }
 
     /// The largest cost a call may ask for; above it the cost is an error
-    /// rather than a denial. DESIGN.md sets it at the capacity plus
+    /// rather than a denial. `docs/semantics.md` sets it at the capacity plus
     /// `max_reserved`, for a call that reserves or not: below it, a call
     /// that does not reserve is decided by the formula (denied, with the
     /// `retry_after` the formula gives). Without `max_reserved`, a

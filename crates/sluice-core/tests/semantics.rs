@@ -1,4 +1,4 @@
-//! The normative formulas of DESIGN.md, one behaviour per test, on a fake
+//! The formulas of `docs/semantics.md`, one behaviour per test, on a fake
 //! clock through the in-memory store.
 
 // Test helpers outside #[test] functions fail loudly on purpose.

@@ -453,9 +453,8 @@ impl<S: Store> Enforcer<S> {
 /// The rule's quota window in seconds, as the `w` of `RateLimit-Policy`.
 fn window(rule: &Rule) -> f64 {
     match rule.limit().algorithm() {
-        sluice_core::Algorithm::TokenBucket(tb) => {
-            tb.burst() * tb.period().as_secs_f64() / tb.rate()
-        }
+        // The time to refill from empty; `rate` is per second.
+        sluice_core::Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
         sluice_core::Algorithm::FixedWindow(fw) => fw.period().as_secs_f64(),
     }
 }

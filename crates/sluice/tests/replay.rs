@@ -1,6 +1,6 @@
 //! `sluice replay` and `sluice validate` as a user runs them: the real binary,
 //! real files, and traces built to probe the edges of the semantics. Every
-//! expected number below is worked out by hand from DESIGN.md.
+//! expected number below is worked out by hand from `docs/semantics.md`.
 
 // Test helpers outside #[test] functions fail loudly on purpose.
 #![allow(clippy::unwrap_used, clippy::panic)]
