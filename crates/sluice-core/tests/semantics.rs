@@ -52,6 +52,19 @@ impl H {
     fn tokens(&self, limit: &Limit) -> f64 {
         self.store.value_now(limit, "k").tokens
     }
+
+    /// Reserves `cost`, which must be refused as impossible; returns the
+    /// most the error says a call may ask for, and the error's text.
+    fn impossible_reservation(&self, limit: &Limit, cost: f64) -> (f64, String) {
+        let err = self
+            .store
+            .transact_now(&[Op::new(limit, "k", cost)], Mode::RESERVE)
+            .unwrap_err();
+        match &err {
+            StoreError::Cost(CostError::Impossible { max, .. }) => (*max, err.to_string()),
+            other => panic!("not an impossible cost: {other}"),
+        }
+    }
 }
 
 fn tb(rate: f64, burst: f64) -> Limit {
@@ -262,15 +275,9 @@ fn a_cost_above_burst_plus_max_reserved_is_an_error() {
 fn a_reservation_past_the_one_year_horizon_is_an_error_and_freezes_nobody() {
     let h = H::new();
     let per_sec = tb(1.0, 5.0);
-    let err = h
-        .store
-        .transact_now(&[Op::new(&per_sec, "k", 1e300)], Mode::RESERVE)
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 5.0 + 31_536_000.0),
-        "{err}"
-    );
-    assert!(err.to_string().contains("a year"), "{err}");
+    let (max, err) = h.impossible_reservation(&per_sec, 1e300);
+    assert_eq!(max, 5.0 + 31_536_000.0);
+    assert!(err.contains("a year"), "{err}");
     assert_eq!(h.tokens(&per_sec), 5.0);
     assert!(h.take(&per_sec, 1.0).allowed, "the key still serves others");
 
@@ -302,14 +309,8 @@ fn a_reservation_past_the_one_year_horizon_is_an_error_and_freezes_nobody() {
 fn a_count_beyond_exact_floating_point_is_an_error() {
     let h = H::new();
     let torrent = tb(1e12, 1e6);
-    let err = h
-        .store
-        .transact_now(&[Op::new(&torrent, "k", 1e17)], Mode::RESERVE)
-        .unwrap_err();
-    assert!(
-        matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == sluice_core::MAX_EXACT_TOKENS),
-        "{err}"
-    );
+    let (max, _) = h.impossible_reservation(&torrent, 1e17);
+    assert_eq!(max, sluice_core::MAX_EXACT_TOKENS);
     assert!(h.reserve(&torrent, 1e15).allowed);
 }
 

@@ -400,31 +400,29 @@ fn named(config: &str) -> String {
 /// it stands.
 #[test]
 fn absurd_values_are_refused_at_their_position() {
-    // So many shards that a value or reset would walk them for minutes.
-    assert_err(
-        &named("{rps: 5, shards: 4294967295}"),
-        4,
-        40,
-        "`shards` must be at most 1024",
-    );
-    // Nothing could pass without reserving, and no reservation is bounded.
-    assert_err(
-        &named("{rps: 5, burst: 0}"),
-        4,
-        39,
-        "`burst` is 0 and there is no `max_reserved`",
-    );
-    // A rate whose one token takes longer than ten years.
-    assert_err(&named("{rps: 5e-324}"), 4, 29, "one token in ten years");
-    assert_err(&named("{rate: 1, period: 1ns}"), 4, 41, "at least 1ms");
-    // More tokens than a double counts exactly.
-    assert_err(&named("{rps: 5, burst: 1e300}"), 4, 39, "counted exactly");
-    assert_err(
-        &named("{rps: 5, max_reserved: 1e17}"),
-        4,
-        46,
-        "counted exactly",
-    );
+    let cases = [
+        // So many shards that a value or reset would walk them for minutes.
+        (
+            "{rps: 5, shards: 4294967295}",
+            40,
+            "`shards` must be at most 1024",
+        ),
+        // Nothing could pass without reserving, and no reservation is bounded.
+        (
+            "{rps: 5, burst: 0}",
+            39,
+            "`burst` is 0 and there is no `max_reserved`",
+        ),
+        // A rate whose one token takes longer than ten years.
+        ("{rps: 5e-324}", 29, "one token in ten years"),
+        ("{rate: 1, period: 1ns}", 41, "at least 1ms"),
+        // More tokens than a double counts exactly.
+        ("{rps: 5, burst: 1e300}", 39, "counted exactly"),
+        ("{rps: 5, max_reserved: 1e17}", 46, "counted exactly"),
+    ];
+    for (config, column, needle) in cases {
+        assert_err(&named(config), 4, column, needle);
+    }
 }
 
 #[test]
@@ -435,39 +433,29 @@ fn rules_that_could_never_match_as_meant_are_refused() {
              algorithm: token_bucket\n    algorithm_config: {{rps: 1}}\n"
         )
     };
-    assert_err(
-        &keyed("[ip:address, path, ip:address]", "{}"),
-        3,
-        36,
-        "already one of the rule's limit_keys",
-    );
-    assert_err(
-        &keyed("[path]", "{method: GE T}"),
-        4,
-        13,
-        "not an HTTP method",
-    );
-    assert_err(
-        &keyed("[path]", "{path_prefix: api/}"),
-        4,
-        13,
-        "must start with `/`",
-    );
-    assert_err(
-        &keyed("[path]", "{path: login}"),
-        4,
-        13,
-        "must start with `/`",
-    );
-    // Claims are read only from verified tokens; with no keys to verify
-    // them, a jwt: key or match would silently never apply.
-    assert_err(&keyed("[\"jwt:sub\"]", "{}"), 3, 18, "no `jwt` section");
-    assert_err(
-        &keyed("[path]", "{\"jwt:plan\": pro}"),
-        4,
-        13,
-        "no `jwt` section",
-    );
+    let cases = [
+        (
+            "[ip:address, path, ip:address]",
+            "{}",
+            (3, 36),
+            "already one of the rule's limit_keys",
+        ),
+        ("[path]", "{method: GE T}", (4, 13), "not an HTTP method"),
+        (
+            "[path]",
+            "{path_prefix: api/}",
+            (4, 13),
+            "must start with `/`",
+        ),
+        ("[path]", "{path: login}", (4, 13), "must start with `/`"),
+        // Claims are read only from verified tokens; with no keys to verify
+        // them, a jwt: key or match would silently never apply.
+        ("[\"jwt:sub\"]", "{}", (3, 18), "no `jwt` section"),
+        ("[path]", "{\"jwt:plan\": pro}", (4, 13), "no `jwt` section"),
+    ];
+    for (keys, matches, (line, column), needle) in cases {
+        assert_err(&keyed(keys, matches), line, column, needle);
+    }
 }
 
 /// Legal, but almost surely not what was meant: the policy loads, and the

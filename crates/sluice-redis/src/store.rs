@@ -110,6 +110,8 @@ struct Shared {
     reset_channel: String,
     counters: Counters,
     ready: AtomicBool,
+    /// A call missed its deadline since the last health check.
+    suspect: AtomicBool,
 }
 
 impl Shared {
@@ -126,10 +128,12 @@ impl Shared {
 
     /// A call missed its deadline. A Redis that hangs (paused, swapping,
     /// stuck in a slow script) keeps its connections open and refuses
-    /// nothing, so a miss is what says it is not answering: the store is
-    /// not ready until a ping within the deadline says it is again.
+    /// nothing, so a miss is what says it may not be answering. One miss
+    /// can also be a stall of this process, so it only makes the store
+    /// suspect: the health check pings at once, and a ping that misses the
+    /// deadline too makes the store not ready until one answers in time.
     fn timed_out(&self) -> StoreError {
-        self.ready.store(false, Ordering::Relaxed);
+        self.suspect.store(true, Ordering::Relaxed);
         StoreError::Timeout
     }
 
@@ -274,6 +278,7 @@ impl RedisStore {
             reset_channel: resets::channel(config.prefix()),
             counters: Counters::default(),
             ready: AtomicBool::new(false),
+            suspect: AtomicBool::new(false),
             config,
         });
         let (jobs, rx) = mpsc::channel(1 << 16);
@@ -463,17 +468,18 @@ fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
 async fn ping(shared: &Shared) -> Result<(), StoreError> {
     let mut conn = shared.conn.clone();
     let cmd = redis::cmd("PING");
-    shared.within(cmd.query_async::<Value>(&mut conn)).await?;
-    shared.ready.store(true, Ordering::Relaxed);
-    Ok(())
+    let answered = shared.within(cmd.query_async::<Value>(&mut conn)).await;
+    shared.ready.store(answered.is_ok(), Ordering::Relaxed);
+    answered.map(drop)
 }
 
 /// Pings while Redis is not answering, so readiness (and the connection)
-/// comes back without waiting for traffic.
+/// comes back without waiting for traffic, and after a call missed its
+/// deadline, to tell a hung Redis from a passing stall.
 async fn watch(shared: Weak<Shared>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
-        if !s.ready.load(Ordering::Relaxed) {
+        if !s.ready.load(Ordering::Relaxed) || s.suspect.swap(false, Ordering::Relaxed) {
             let _ = ping(&s).await;
         }
         drop(s);

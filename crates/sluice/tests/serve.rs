@@ -50,8 +50,8 @@ fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeClock>> {
     })
 }
 
-async fn call(
-    s: &Arc<AppState<FakeClock>>,
+async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
+    s: &Arc<AppState<C>>,
     method: &str,
     uri: &str,
     body: impl Into<Body>,
@@ -667,27 +667,10 @@ limits:
         reload_error: arc_swap::ArcSwapOption::empty(),
     });
     let ask = |limit: &str| serde_json::json!({"limit": limit, "key": "k"}).to_string();
-    let res = app(Arc::clone(&s))
-        .oneshot(
-            http::Request::post("/v1/limit")
-                .body(Body::from(ask("lenient")))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    let j: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(j["allowed"], true);
-    let res = app(Arc::clone(&s))
-        .oneshot(
-            http::Request::post("/v1/limit")
-                .body(Body::from(ask("strict")))
-                .unwrap(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 503);
+    let (st, _, j) = call(&s, "POST", "/v1/limit", ask("lenient"), None).await;
+    assert_eq!((st, &j["allowed"]), (200, &true.into()));
+    let (st, ctype, _) = call(&s, "POST", "/v1/limit", ask("strict"), None).await;
+    assert_eq!((st, ctype.as_str()), (503, "application/problem+json"));
 }
 
 /// One caller must not freeze a shared key with an absurd reservation.
