@@ -130,6 +130,43 @@ fn an_evicted_key_comes_back_no_fuller_than_it_left() {
     );
 }
 
+/// A limit whose rate is lowered after the cap forgot a key: the key
+/// refilled at the old rate until the store saw the new configuration, and
+/// refills at the new rate after, never faster.
+#[test]
+fn a_forgotten_key_under_a_slower_rate_refills_at_the_slower_rate() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_024);
+    let fast = Limit::new("l", TokenBucket::new(10.0, 10.0).unwrap());
+    let spend = |limit: &Limit, key: &str, cost: f64| {
+        store
+            .transact_now(&[Op::new(limit, key, cost)], Mode::CONSUME)
+            .unwrap()
+            .allowed
+    };
+    // Nearest to full of all, so the first to go.
+    assert!(spend(&fast, "victim", 9.0));
+    for i in 0..50_000 {
+        spend(&fast, &format!("flood-{i}"), 10.0);
+    }
+    let slow = Limit::new("l", TokenBucket::new(1.0, 10.0).unwrap());
+    clock.advance(Duration::from_millis(500));
+    // 1 token at 0 s, plus 0.5 s at the fast rate.
+    let tokens = store.value_now(&slow, "victim").tokens;
+    assert!(
+        tokens <= 6.0 + 1e-9,
+        "{tokens} tokens when the change is seen"
+    );
+    clock.advance(Duration::from_secs(1));
+    let later = store.value_now(&slow, "victim").tokens;
+    assert!(later <= 7.0 + 1e-9, "{later} tokens a second later");
+    assert!(
+        later - tokens <= 1.0 + 1e-9,
+        "refilled {} in a second at 1/s",
+        later - tokens
+    );
+}
+
 /// A million keys drained by a flood against a cap of 100,000: no key ever
 /// holds more tokens than its own history left it, neither the victims
 /// (one empty, one partly used) nor the flood's keys themselves.

@@ -176,7 +176,11 @@ impl Shard {
             Some(i) => {
                 let table = &mut self.tables[i];
                 let (from, to) = (table.alg(), *limit.shard_algorithm());
-                if let Some(g) = &mut table.ghosts {
+                // A reload hands over a new handle to the same configuration
+                // as often as a changed one; only a change moves the times.
+                if let Some(g) = &mut table.ghosts
+                    && from != to
+                {
                     g.remap(now, |at| algorithm::refill_time_under(&from, &to, at, now));
                 }
                 table.limit = limit.clone();
@@ -268,14 +272,21 @@ impl Shard {
             return;
         }
         let (_, &mut cutoff, _) = times.select_nth_unstable(excess - 1);
-        let mut budget = excess;
+        // Everything nearer to full than the cutoff goes, and as many of
+        // those at the cutoff as make up the rest, so that a key strictly
+        // nearer to full is never kept while one further from it goes.
+        let below = times.iter().filter(|&&t| t < cutoff).count();
+        let mut ties = excess - below;
         for t in &mut self.tables {
             let alg = t.alg();
             let ghosts = &mut t.ghosts;
             t.entries.retain(|e| {
                 let full_at = algorithm::full_at(&alg, &e.state());
-                if budget > 0 && full_at.0 <= cutoff {
-                    budget -= 1;
+                let evict = full_at.0 < cutoff || (full_at.0 == cutoff && ties > 0);
+                if evict {
+                    if full_at.0 == cutoff {
+                        ties -= 1;
+                    }
                     ghosts
                         .get_or_insert_with(|| Box::new(Ghosts::with_room_for(cap)))
                         .remember(e.fp, full_at, now);
