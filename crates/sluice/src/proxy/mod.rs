@@ -78,40 +78,17 @@ pub struct ProxyArgs {
     /// How long the upstream has to start its response once the request is
     /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
     /// it the client gets a 504.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
     pub(crate) upstream_timeout: Duration,
     /// How long a client may pause while sending a request body, e.g.
     /// `60s`; past it the request is abandoned with a 408, so that a slow
     /// sender cannot hold an upstream connection indefinitely.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
     pub(crate) body_timeout: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
     /// is no admin listener.
     #[arg(long)]
     pub(crate) admin: Option<SocketAddr>,
-}
-
-/// `30s`, `500ms`, `2m`, or plain seconds; positive.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let scale = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
-    };
-    let n: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
-    Duration::try_from_secs_f64(n * scale)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s:?}: the duration must be positive"))
 }
 
 pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
@@ -246,23 +223,4 @@ pub async fn proxy<S: Store + 'static>(
         })
     };
     crate::listen::serve_connections(listener, per_connection, stop).await;
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "0s", "-1s", "3h", "s", "1e400"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 }
