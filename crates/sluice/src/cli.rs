@@ -80,6 +80,8 @@ pub(crate) struct ServeArgs {
     /// one they are disabled. Read from SLUICE_ADMIN_TOKEN when not given.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
+    #[command(flatten)]
+    pub(crate) limits: crate::listen::Limits,
 }
 
 /// `30s`, `500ms`, `2m`, or plain seconds; positive.

@@ -56,6 +56,7 @@ use tower::{Layer, ServiceExt};
 
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
+use crate::listen::{Limits, Listener};
 use crate::serve::{AnyStore, Metrics};
 
 /// Arguments of `sluice proxy`.
@@ -89,10 +90,19 @@ pub struct ProxyArgs {
     /// is no admin listener.
     #[arg(long)]
     pub(crate) admin: Option<SocketAddr>,
+    #[command(flatten)]
+    pub(crate) limits: Limits,
 }
 
-pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
+pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     crate::serve::init_logs();
+    // A client connection may hold an upstream connection, and an admin
+    // listener has its own cap.
+    let per_connection = 2 + usize::from(args.admin.is_some());
+    args.limits.fit_fd_limit(
+        per_connection,
+        crate::listen::OTHER_FDS + pool::POOL_MAX_IDLE,
+    );
     let upstream = Upstream::parse(&args.upstream)?
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
@@ -116,9 +126,12 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 crate::reload::reload(path, text, &enforcer, &reload_error, running.as_ref());
             }));
         }
+        // Installed before any listener publishes its metrics.
+        let metrics = Metrics::global();
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = Listener::new(listener, "proxy", &args.limits);
 
         // One stop for every listener: the first signal drains them all.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -131,17 +144,21 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on {addr} (admin)"))?;
                 tracing::info!(addr = %admin_listener.local_addr()?, "admin endpoints");
+                let admin_listener = Listener::new(admin_listener, "admin", &args.limits);
                 let state = Arc::new(admin::Admin {
                     enforcer: Arc::clone(&enforcer),
                     reload_error,
-                    metrics: Metrics::global(),
+                    metrics,
                 });
+                let router = admin::router(state);
+                let per_connection =
+                    move |_| hyper_util::service::TowerToHyperService::new(router.clone());
                 let stop = stopped(stop_rx.clone());
-                Some(tokio::spawn(async move {
-                    axum::serve(admin_listener, admin::router(state))
-                        .with_graceful_shutdown(stop)
-                        .await
-                }))
+                Some(tokio::spawn(crate::listen::serve_connections(
+                    admin_listener,
+                    per_connection,
+                    stop,
+                )))
             }
             None => None,
         };
@@ -149,7 +166,8 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let server = tokio::spawn(proxy(listener, enforcer, upstream, stopped(stop_rx)));
 
         shutdown_then(stop_tx).await;
-        // Requests in flight may finish; a second signal cuts them short.
+        // Requests in flight may finish until the shutdown timeout; a second
+        // signal cuts them short.
         let drain = async {
             let _ = server.await;
             if let Some(admin) = admin {
@@ -174,13 +192,15 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// Proxies connections accepted on `listener` to `upstream`, applying the
 /// policy of `enforcer` to every request, until `stop` completes; then
 /// stops accepting, closes idle connections, and returns once the requests
-/// in flight have been answered.
+/// in flight have been answered or the listener's shutdown timeout has
+/// passed.
 ///
 /// Clients may speak HTTP/1.1 (kept alive) or HTTP/2 without TLS; the
 /// upstream is spoken to in HTTP/1.1 over pooled connections.
 ///
 /// ```no_run
 /// use std::sync::Arc;
+/// use sluice::listen::{Limits, Listener};
 /// use sluice::proxy::{Upstream, proxy};
 /// use sluice_core::MemoryStore;
 /// use sluice_http::Enforcer;
@@ -195,6 +215,7 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// "#, "policy.yaml")?;
 /// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+/// let listener = Listener::new(listener, "proxy", &Limits::default());
 /// let upstream = Upstream::parse("http://127.0.0.1:9000")?;
 /// proxy(listener, enforcer, upstream, async {
 ///     let _ = tokio::signal::ctrl_c().await;
@@ -204,7 +225,7 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// # }
 /// ```
 pub async fn proxy<S: Store + 'static>(
-    listener: TcpListener,
+    listener: Listener,
     enforcer: Arc<Enforcer<S>>,
     upstream: Upstream,
     stop: impl Future<Output = ()> + Send + 'static,

@@ -21,12 +21,15 @@ pub use rls::{Rls, serve_grpc};
 pub use store::AnyStore;
 
 use crate::cli::ServeArgs;
+use crate::listen::Listener;
 
 /// The policy `sluice serve` runs without `--policy`.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml");
 
-pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     init_logs();
+    // Both listeners may be at their cap at once.
+    args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
     let (policy, text) = match &args.policy {
         Some(path) => {
             let text = std::fs::read_to_string(path)
@@ -66,6 +69,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", args.grpc))?;
         tracing::info!(addr = %listener.local_addr()?, "serving the decision API");
         tracing::info!(addr = %grpc.local_addr()?, "serving Envoy's rate limit service");
+        let listener = Listener::new(listener, "http", &args.limits);
+        let grpc = Listener::new(grpc, "grpc", &args.limits);
         // One signal stops both servers; each lets its requests finish.
         let (stop, stopped) = tokio::sync::watch::channel(());
         let on_stop = move || {
@@ -88,9 +93,10 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
 }
 
 /// Serves the API on `listener` until `stop` completes, then lets requests
-/// in flight finish. A client has 30 seconds to send a request's headers.
+/// in flight finish within the listener's shutdown timeout. A client has 30
+/// seconds to send a request's headers.
 pub async fn serve<C: Clock + Send + Sync + 'static>(
-    listener: TcpListener,
+    listener: Listener,
     state: Arc<AppState<C>>,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
