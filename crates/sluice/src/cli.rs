@@ -80,6 +80,11 @@ pub(crate) struct ServeArgs {
     /// one they are disabled. Read from SLUICE_ADMIN_TOKEN when not given.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
+    /// How long a request body may take to arrive in full, e.g. `10s`; past
+    /// it the request gets a 408. For a gRPC call, how long the whole call
+    /// may take.
+    #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub(crate) body_timeout: Duration,
     #[command(flatten)]
     pub(crate) limits: crate::listen::Limits,
 }

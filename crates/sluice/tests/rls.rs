@@ -70,7 +70,13 @@ async fn client() -> RateLimitServiceClient<Channel> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listener = Listener::new(listener, "grpc", &Limits::default());
-    tokio::spawn(serve_grpc(listener, state, std::future::pending()));
+    let call_timeout = std::time::Duration::from_secs(60);
+    tokio::spawn(serve_grpc(
+        listener,
+        state,
+        call_timeout,
+        std::future::pending(),
+    ));
     RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap()

@@ -279,6 +279,7 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
     tokio::spawn(sluice::serve::serve(
         listener,
         state(None),
+        Duration::from_secs(60),
         std::future::pending(),
     ));
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -69,15 +69,19 @@ const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
 const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 
 /// Serves RLS on `listener` until `stop` completes, then lets calls in
-/// flight finish within the listener's shutdown timeout.
+/// flight finish within the listener's shutdown timeout. A call that takes
+/// longer than `call_timeout`, a stalled request body included, is ended
+/// with `CANCELLED`.
 pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
     listener: Listener,
     state: Arc<AppState<C>>,
+    call_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let (incoming, drain) = listener.incoming();
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
     let server = tonic::transport::Server::builder()
+        .timeout(call_timeout)
         .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
         .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(Rls::new(state).into_server())
