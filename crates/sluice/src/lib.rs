@@ -6,7 +6,7 @@ use std::process::ExitCode;
 
 mod bench;
 pub mod cli;
-mod listen;
+pub mod listen;
 mod numbers;
 pub mod proxy;
 mod reload;

@@ -1,18 +1,28 @@
 //! The accept loop that `serve` and `proxy` share: HTTP/1.1 (kept alive)
 //! or cleartext HTTP/2 on each connection, a deadline for a request's
-//! headers, and a graceful drain when told to stop.
+//! headers, a cap on open connections, and a drain with a deadline when
+//! told to stop. The gRPC server takes its connections from the same
+//! [`Listener`], so the cap and the deadline hold there too.
 
+mod connections;
+
+use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
+use clap::Args;
+use futures_util::Stream;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpStream};
+
+use self::connections::{Connections, Tracked};
 
 /// How long a client has to send a request's headers; a connection that
 /// idles longer mid-request is closed (slowloris).
@@ -22,12 +32,192 @@ const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
 /// so that the loop does not spin while the condition lasts.
 const ACCEPT_BACKOFF: Duration = Duration::from_millis(100);
 
+/// The default of `--max-connections`.
+pub const DEFAULT_MAX_CONNECTIONS: usize = 10_000;
+
+/// The default of `--shutdown-timeout`.
+pub const DEFAULT_SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// File descriptors a process needs besides its client connections: the
+/// standard streams, the runtime's, the listening sockets, store
+/// connections, the policy file.
+pub(crate) const OTHER_FDS: usize = 256;
+
+/// The connection flags `serve` and `proxy` share.
+#[derive(Debug, Clone, PartialEq, Eq, Args)]
+pub struct Limits {
+    /// The most connections each listener keeps open. A connection that
+    /// arrives when as many are open closes the one whose client has sent
+    /// nothing for longest, so that stalled clients cannot lock out new
+    /// ones. Lowered at start, with a warning, to what the file descriptor
+    /// limit can hold.
+    #[arg(
+        long,
+        env = "SLUICE_MAX_CONNECTIONS",
+        default_value_t = DEFAULT_MAX_CONNECTIONS,
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..),
+    )]
+    pub max_connections: usize,
+    /// On SIGTERM, how long requests in flight may take to finish, e.g.
+    /// `10s`; then every connection is closed and the process exits.
+    #[arg(
+        long,
+        env = "SLUICE_SHUTDOWN_TIMEOUT",
+        default_value = "10s",
+        value_parser = crate::cli::parse_duration,
+    )]
+    pub shutdown_timeout: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Limits {
+        Limits {
+            max_connections: DEFAULT_MAX_CONNECTIONS,
+            shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
+        }
+    }
+}
+
+impl Limits {
+    /// Raises the process's soft limit on open files to its hard limit, as
+    /// a server that holds thousands of sockets needs, then lowers
+    /// `max_connections` until every listener at its cap fits: each
+    /// connection slot takes `fds_per_connection` descriptors over all the
+    /// listeners, and `reserved` are needed besides.
+    pub(crate) fn fit_fd_limit(&mut self, fds_per_connection: usize, reserved: usize) {
+        let limit = match rlimit::increase_nofile_limit(u64::MAX) {
+            Ok(limit) => limit,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot read the limit on open files");
+                return;
+            }
+        };
+        let fits = connections_that_fit(limit, fds_per_connection, reserved);
+        if fits < self.max_connections {
+            tracing::warn!(
+                asked = self.max_connections,
+                allowed = fits,
+                open_files = limit,
+                "lowering --max-connections to what the limit on open files holds"
+            );
+            self.max_connections = fits;
+        }
+    }
+}
+
+/// The most connections per listener that `fd_limit` holds; at least one.
+fn connections_that_fit(fd_limit: u64, fds_per_connection: usize, reserved: usize) -> usize {
+    let limit = usize::try_from(fd_limit).unwrap_or(usize::MAX);
+    (limit.saturating_sub(reserved) / fds_per_connection.max(1)).max(1)
+}
+
+/// A listening socket whose connections are counted, capped at
+/// `--max-connections` and closed at the shutdown deadline. Its metrics
+/// are `sluice_connections_open`, `sluice_connections_max` and
+/// `sluice_connections_shed_total`, labelled `listener` with its name.
+///
+/// ```
+/// use sluice::listen::{Limits, Listener};
+/// # tokio::runtime::Runtime::new()?.block_on(async {
+/// let tcp = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+/// let listener = Listener::new(tcp, "http", &Limits::default());
+/// assert!(listener.local_addr()?.port() > 0);
+/// # Ok::<_, std::io::Error>(())
+/// # })?;
+/// # Ok::<_, std::io::Error>(())
+/// ```
+pub struct Listener {
+    tcp: TcpListener,
+    drain: Drain,
+}
+
+/// What is left of a listener once it stops accepting: its connections,
+/// and how long they may take to finish.
+pub(crate) struct Drain {
+    connections: Arc<Connections>,
+    within: Duration,
+}
+
+impl Listener {
+    /// Applies `limits` to `tcp`; `name` labels its metrics.
+    pub fn new(tcp: TcpListener, name: &'static str, limits: &Limits) -> Listener {
+        Listener {
+            tcp,
+            drain: Drain {
+                connections: Connections::new(name, limits.max_connections),
+                within: limits.shutdown_timeout,
+            },
+        }
+    }
+
+    /// The address it listens on.
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.tcp.local_addr()
+    }
+
+    /// The next connection, admitted to the table. Cancel-safe.
+    async fn accept(&self) -> (Tracked<TcpStream>, SocketAddr) {
+        loop {
+            match self.tcp.accept().await {
+                Ok((stream, peer)) => {
+                    // Small responses (429s above all) would otherwise wait
+                    // on Nagle.
+                    let _ = stream.set_nodelay(true);
+                    return (self.drain.connections.admit(stream), peer);
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(ACCEPT_BACKOFF).await;
+                }
+            }
+        }
+    }
+
+    /// The connections as a stream for tonic, which owns the listening
+    /// socket and closes it when it stops accepting; and the drain for
+    /// when it has.
+    pub(crate) fn incoming(
+        self,
+    ) -> (
+        impl Stream<Item = Result<Tracked<TcpStream>, Infallible>> + Send + 'static,
+        Drain,
+    ) {
+        let drain = Drain {
+            connections: Arc::clone(&self.drain.connections),
+            within: self.drain.within,
+        };
+        let stream = futures_util::stream::unfold(self, |listener| async move {
+            let (io, _) = listener.accept().await;
+            Some((Ok(io), listener))
+        });
+        (stream, drain)
+    }
+}
+
+impl Drain {
+    /// Waits for `finished`, the requests in flight ending, for at most the
+    /// shutdown timeout; then closes every connection left.
+    pub(crate) async fn finish(self, finished: impl Future<Output = ()>) {
+        let open = self.connections.len();
+        if open > 0 {
+            tracing::debug!(connections = open, "draining connections");
+        }
+        if tokio::time::timeout(self.within, finished).await.is_err() {
+            let cut = self.connections.close_all();
+            tracing::warn!(
+                connections = cut,
+                "the shutdown timeout passed: closing connections with requests in flight"
+            );
+        }
+    }
+}
+
 /// Serves every connection accepted on `listener` with the service
 /// `service` makes for its peer, until `stop` completes; then stops
 /// accepting, closes idle connections, and returns once the requests in
-/// flight have been answered.
+/// flight have been answered or the shutdown timeout has passed.
 pub(crate) async fn serve_connections<S, B>(
-    listener: TcpListener,
+    listener: Listener,
     service: impl Fn(SocketAddr) -> S,
     stop: impl Future<Output = ()>,
 ) where
@@ -48,17 +238,8 @@ pub(crate) async fn serve_connections<S, B>(
     loop {
         let (stream, peer) = tokio::select! {
             () = &mut stop => break,
-            accepted = listener.accept() => match accepted {
-                Ok(a) => a,
-                Err(e) => {
-                    tracing::warn!(error = %e, "accept failed");
-                    tokio::time::sleep(ACCEPT_BACKOFF).await;
-                    continue;
-                }
-            },
+            accepted = listener.accept() => accepted,
         };
-        // Small responses (429s above all) would otherwise wait on Nagle.
-        let _ = stream.set_nodelay(true);
         let conn = builder
             .serve_connection_with_upgrades(TokioIo::new(stream), service(peer))
             .into_owned();
@@ -70,7 +251,38 @@ pub(crate) async fn serve_connections<S, B>(
             }
         });
     }
-    drop(listener);
-    tracing::debug!(connections = graceful.count(), "draining connections");
-    graceful.shutdown().await;
+    let Listener { tcp, drain } = listener;
+    drop(tcp);
+    drain.finish(graceful.shutdown()).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Flags {
+        #[command(flatten)]
+        limits: Limits,
+    }
+
+    #[test]
+    fn the_flags_defaults_are_the_defaults() {
+        let parsed = Flags::try_parse_from(["sluice"]).map(|f| f.limits);
+        assert_eq!(parsed.ok(), Some(Limits::default()));
+    }
+
+    #[test]
+    fn a_zero_cap_is_refused() {
+        assert!(Flags::try_parse_from(["sluice", "--max-connections", "0"]).is_err());
+    }
+
+    #[test]
+    fn the_cap_leaves_room_for_the_other_descriptors_and_every_listener() {
+        assert_eq!(connections_that_fit(20_000, 2, 256), 9_872);
+        assert_eq!(connections_that_fit(1_024, 1, 256), 768);
+        assert_eq!(connections_that_fit(100, 2, 256), 1);
+        assert_eq!(connections_that_fit(u64::MAX, 0, 0), usize::MAX);
+    }
 }

@@ -30,6 +30,7 @@ use http_body_util::BodyExt;
 use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
+use sluice::listen::{Limits, Listener};
 use sluice::proxy::{Upstream, proxy};
 use sluice_core::MemoryStore;
 use sluice_http::Enforcer;
@@ -292,6 +293,7 @@ async fn start_proxy_to(policy: &str, upstream: Upstream) -> Proxy {
     let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let listener = Listener::new(listener, "proxy", &Limits::default());
     let (tx, rx) = oneshot::channel::<()>();
     let task = tokio::spawn(proxy(listener, enforcer, upstream, async move {
         let _ = rx.await;

@@ -13,6 +13,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, 
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::UInt64Value;
+use sluice::listen::{Limits, Listener};
 use sluice::serve::{AnyStore, AppState, serve_grpc};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
@@ -68,7 +69,14 @@ async fn client() -> RateLimitServiceClient<Channel> {
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(serve_grpc(listener, state, std::future::pending()));
+    let listener = Listener::new(listener, "grpc", &Limits::default());
+    let call_timeout = std::time::Duration::from_secs(60);
+    tokio::spawn(serve_grpc(
+        listener,
+        state,
+        call_timeout,
+        std::future::pending(),
+    ));
     RateLimitServiceClient::connect(format!("http://{addr}"))
         .await
         .unwrap()

@@ -13,6 +13,7 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use http_body_util::channel::Channel;
 use hyper::body::Frame;
+use sluice::listen::{Limits, Listener};
 use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
@@ -293,9 +294,11 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let listener = Listener::new(listener, "http", &Limits::default());
     tokio::spawn(sluice::serve::serve(
         listener,
         state(None),
+        Duration::from_secs(60),
         std::future::pending(),
     ));
     let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();

@@ -55,6 +55,7 @@ use tower::{Layer, ServiceExt};
 
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
+use crate::listen::{Limits, Listener};
 use crate::serve::{AnyStore, Metrics};
 
 /// Arguments of `sluice proxy`.
@@ -77,44 +78,30 @@ pub struct ProxyArgs {
     /// How long the upstream has to start its response once the request is
     /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
     /// it the client gets a 504.
-    #[arg(long, default_value = "30s", value_parser = parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
     pub(crate) upstream_timeout: Duration,
     /// How long a client may pause while sending a request body, e.g.
     /// `60s`; past it the request is abandoned with a 408, so that a slow
     /// sender cannot hold an upstream connection indefinitely.
-    #[arg(long, default_value = "60s", value_parser = parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
     pub(crate) body_timeout: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
     /// is no admin listener.
     #[arg(long)]
     pub(crate) admin: Option<SocketAddr>,
+    #[command(flatten)]
+    pub(crate) limits: Limits,
 }
 
-/// `30s`, `500ms`, `2m`, or plain seconds; positive.
-fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let scale = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
-    };
-    let n: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
-    Duration::try_from_secs_f64(n * scale)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s:?}: the duration must be positive"))
-}
-
-pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
+pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     crate::serve::init_logs();
+    // A client connection may hold an upstream connection, and an admin
+    // listener has its own cap.
+    let per_connection = 2 + usize::from(args.admin.is_some());
+    args.limits.fit_fd_limit(
+        per_connection,
+        crate::listen::OTHER_FDS + pool::POOL_MAX_IDLE,
+    );
     let upstream = Upstream::parse(&args.upstream)?
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
@@ -136,9 +123,12 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
                 crate::reload::reload(path, text, &enforcer, &reload_error, running.as_ref());
             }));
         }
+        // Installed before any listener publishes its metrics.
+        let metrics = Metrics::global();
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
+        let listener = Listener::new(listener, "proxy", &args.limits);
 
         // One stop for every listener: the first signal drains them all.
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
@@ -151,17 +141,21 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
                     .await
                     .with_context(|| format!("cannot listen on {addr} (admin)"))?;
                 tracing::info!(addr = %admin_listener.local_addr()?, "admin endpoints");
+                let admin_listener = Listener::new(admin_listener, "admin", &args.limits);
                 let state = Arc::new(admin::Admin {
                     enforcer: Arc::clone(&enforcer),
                     reload_error,
-                    metrics: Metrics::global(),
+                    metrics,
                 });
+                let router = admin::router(state);
+                let per_connection =
+                    move |_| hyper_util::service::TowerToHyperService::new(router.clone());
                 let stop = stopped(stop_rx.clone());
-                Some(tokio::spawn(async move {
-                    axum::serve(admin_listener, admin::router(state))
-                        .with_graceful_shutdown(stop)
-                        .await
-                }))
+                Some(tokio::spawn(crate::listen::serve_connections(
+                    admin_listener,
+                    per_connection,
+                    stop,
+                )))
             }
             None => None,
         };
@@ -169,7 +163,8 @@ pub(crate) fn run(args: ProxyArgs) -> anyhow::Result<()> {
         let server = tokio::spawn(proxy(listener, enforcer, upstream, stopped(stop_rx)));
 
         shutdown_then(stop_tx).await;
-        // Requests in flight may finish; a second signal cuts them short.
+        // Requests in flight may finish until the shutdown timeout; a second
+        // signal cuts them short.
         let drain = async {
             let _ = server.await;
             if let Some(admin) = admin {
@@ -194,13 +189,15 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// Proxies connections accepted on `listener` to `upstream`, applying the
 /// policy of `enforcer` to every request, until `stop` completes; then
 /// stops accepting, closes idle connections, and returns once the requests
-/// in flight have been answered.
+/// in flight have been answered or the listener's shutdown timeout has
+/// passed.
 ///
 /// Clients may speak HTTP/1.1 (kept alive) or HTTP/2 without TLS; the
 /// upstream is spoken to in HTTP/1.1 over pooled connections.
 ///
 /// ```no_run
 /// use std::sync::Arc;
+/// use sluice::listen::{Limits, Listener};
 /// use sluice::proxy::{Upstream, proxy};
 /// use sluice_core::MemoryStore;
 /// use sluice_http::Enforcer;
@@ -215,6 +212,7 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// "#, "policy.yaml")?;
 /// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
 /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+/// let listener = Listener::new(listener, "proxy", &Limits::default());
 /// let upstream = Upstream::parse("http://127.0.0.1:9000")?;
 /// proxy(listener, enforcer, upstream, async {
 ///     let _ = tokio::signal::ctrl_c().await;
@@ -224,7 +222,7 @@ async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
 /// # }
 /// ```
 pub async fn proxy<S: Store + 'static>(
-    listener: TcpListener,
+    listener: Listener,
     enforcer: Arc<Enforcer<S>>,
     upstream: Upstream,
     stop: impl Future<Output = ()> + Send + 'static,
@@ -243,23 +241,4 @@ pub async fn proxy<S: Store + 'static>(
         })
     };
     crate::listen::serve_connections(listener, per_connection, stop).await;
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "0s", "-1s", "3h", "s", "1e400"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -35,7 +35,7 @@ const POOL_IDLE: Duration = Duration::from_secs(60);
 /// The most idle connections the pool keeps; more are closed. Reached only
 /// after a burst of more concurrent requests than this, as each client
 /// connection keeps the connection it uses.
-const POOL_MAX_IDLE: usize = 512;
+pub(super) const POOL_MAX_IDLE: usize = 512;
 
 /// TCP keep-alive probes on upstream connections, so that a peer that
 /// vanished without a FIN is noticed while the connection idles.

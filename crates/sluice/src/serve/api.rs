@@ -188,7 +188,8 @@ pub(crate) fn problem(status: StatusCode, detail: String) -> Response {
 
 /// Reads a whole request body of at most [`MAX_BODY`] bytes. A body that
 /// arrives in one piece, as a call's JSON does, is passed on without a copy
-/// or the buffer list that collecting a body in general needs.
+/// or the buffer list that collecting a body in general needs. A body that
+/// misses the server's body timeout is a 408.
 // The error is the response that ends the request; boxing it buys nothing.
 #[allow(clippy::result_large_err)]
 async fn read_body(mut body: Body) -> Result<Bytes, Response> {
@@ -204,11 +205,12 @@ async fn read_body(mut body: Body) -> Result<Bytes, Response> {
     let mut first = Bytes::new();
     let mut joined: Option<BytesMut> = None;
     while let Some(frame) = body.frame().await {
-        let frame = frame.map_err(|e| {
-            problem(
+        let frame = frame.map_err(|e| match super::body::BodyTimedOut::in_chain(&e) {
+            Some(late) => problem(StatusCode::REQUEST_TIMEOUT, late.to_string()),
+            None => problem(
                 StatusCode::BAD_REQUEST,
                 format!("the request body could not be read: {e}"),
-            )
+            ),
         })?;
         // Trailers carry nothing a call reads.
         let Ok(data) = frame.into_data() else {

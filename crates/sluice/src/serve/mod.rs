@@ -3,17 +3,22 @@
 //! on SIGTERM or Ctrl-C.
 
 pub(crate) mod api;
+mod body;
 mod metrics;
 mod rls;
 mod store;
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
+use http::Request;
+use hyper::body::Incoming;
 use sluice_core::Clock;
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
 use tokio::net::TcpListener;
+use tower::ServiceExt;
 
 pub use api::{Api, AppState, MAX_BODY, app};
 pub use metrics::Metrics;
@@ -21,12 +26,15 @@ pub use rls::{Rls, serve_grpc};
 pub use store::AnyStore;
 
 use crate::cli::ServeArgs;
+use crate::listen::Listener;
 
 /// The policy `sluice serve` runs without `--policy`.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml");
 
-pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
+pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     init_logs();
+    // Both listeners may be at their cap at once.
+    args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
     let (policy, text) = match &args.policy {
         Some(path) => crate::reload::load(path)?,
         None => (
@@ -62,6 +70,8 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot listen on {}", args.grpc))?;
         tracing::info!(addr = %listener.local_addr()?, "serving the decision API");
         tracing::info!(addr = %grpc.local_addr()?, "serving Envoy's rate limit service");
+        let listener = Listener::new(listener, "http", &args.limits);
+        let grpc = Listener::new(grpc, "grpc", &args.limits);
         // One signal stops both servers; each lets its requests finish.
         let (stop, stopped) = tokio::sync::watch::channel(());
         let on_stop = move || {
@@ -76,22 +86,30 @@ pub(crate) fn run(args: ServeArgs) -> anyhow::Result<()> {
         });
         // If either server fails, the other is dropped with it.
         tokio::try_join!(
-            serve(listener, Arc::clone(&state), on_stop()),
-            serve_grpc(grpc, state, on_stop()),
+            serve(listener, Arc::clone(&state), args.body_timeout, on_stop()),
+            serve_grpc(grpc, state, args.body_timeout, on_stop()),
         )
         .map(|_| ())
     })
 }
 
 /// Serves the API on `listener` until `stop` completes, then lets requests
-/// in flight finish. A client has 30 seconds to send a request's headers.
+/// in flight finish within the listener's shutdown timeout. A client has 30
+/// seconds to send a request's headers and `body_timeout` to send its body.
 pub async fn serve<C: Clock + Send + Sync + 'static>(
-    listener: TcpListener,
+    listener: Listener,
     state: Arc<AppState<C>>,
+    body_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = app(state);
-    let per_connection = move |_| hyper_util::service::TowerToHyperService::new(app.clone());
+    let per_connection = move |_| {
+        let app = app.clone();
+        hyper::service::service_fn(move |req: Request<Incoming>| {
+            let req = req.map(|body| body::Deadline::new(body, body_timeout));
+            app.clone().oneshot(req)
+        })
+    };
     crate::listen::serve_connections(listener, per_connection, stop).await;
     Ok(())
 }

@@ -6,6 +6,7 @@
 use std::borrow::Cow;
 use std::net::IpAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
@@ -22,10 +23,10 @@ use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use sluice_core::{Algorithm, Clock, Decision, Outcome};
 use sluice_http::{PROBLEM_JSON, Verdict, denial, rate_limit_headers};
 use sluice_policy::{Mode as RuleMode, Rule, RuleHit};
-use tokio::net::TcpListener;
 use tonic::{Request, Response, Status};
 
 use super::AppState;
+use crate::listen::Listener;
 
 /// The gRPC service: Envoy's `RateLimitService` answered from the policy's
 /// rules that name a `domain`.
@@ -60,18 +61,51 @@ impl<C: Clock + Send + Sync + 'static> Rls<C> {
     }
 }
 
-/// Serves RLS on `listener` until `stop` completes.
+/// How often an idle HTTP/2 connection is pinged, so that a peer that
+/// vanished is noticed; Envoy answers pings.
+const KEEPALIVE_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How long a ping may go unanswered before the connection is closed.
+const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Serves RLS on `listener` until `stop` completes, then lets calls in
+/// flight finish within the listener's shutdown timeout. A call that takes
+/// longer than `call_timeout`, a stalled request body included, is ended
+/// with `CANCELLED`.
 pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
-    listener: TcpListener,
+    listener: Listener,
     state: Arc<AppState<C>>,
+    call_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-    tonic::transport::Server::builder()
+    let (incoming, drain) = listener.incoming();
+    let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tonic::transport::Server::builder()
+        .timeout(call_timeout)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
         .add_service(Rls::new(state).into_server())
-        .serve_with_incoming_shutdown(incoming, stop)
-        .await
-        .map_err(|e| anyhow::anyhow!("the gRPC server failed: {e}"))
+        .serve_with_incoming_shutdown(incoming, async move {
+            stop.await;
+            let _ = stopping.send(());
+        });
+    tokio::pin!(server);
+    let mut failed = None;
+    tokio::select! {
+        biased;
+        result = &mut server => return result.map_err(grpc_failed),
+        _ = stopped => {}
+    }
+    drain
+        .finish(async {
+            failed = (&mut server).await.err();
+        })
+        .await;
+    failed.map_or(Ok(()), |e| Err(grpc_failed(e)))
+}
+
+fn grpc_failed(e: tonic::transport::Error) -> anyhow::Error {
+    anyhow::anyhow!("the gRPC server failed: {e}")
 }
 
 #[tonic::async_trait]
