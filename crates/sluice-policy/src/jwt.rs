@@ -52,7 +52,7 @@ pub(crate) struct RawJwt {
     pub(crate) issuer: Option<Spanned<String>>,
     pub(crate) audience: Option<Spanned<String>>,
     pub(crate) leeway: Option<Spanned<u64>>,
-    pub(crate) max_lifetime: Option<Spanned<crate::schema::Secs>>,
+    pub(crate) max_lifetime: Option<Spanned<crate::secs::Secs>>,
     #[serde(default)]
     pub(crate) keys: Vec<Spanned<RawJwtKey>>,
     pub(crate) jwks_file: Option<Spanned<String>>,

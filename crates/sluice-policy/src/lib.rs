@@ -32,6 +32,7 @@ mod matching;
 mod policy;
 mod request;
 mod schema;
+mod secs;
 
 pub use client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
 pub use error::{PolicyError, PolicyWarning};

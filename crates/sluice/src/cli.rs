@@ -83,48 +83,8 @@ pub(crate) struct ServeArgs {
     /// How long a request body may take to arrive in full, e.g. `10s`; past
     /// it the request gets a 408. For a gRPC call, how long the whole call
     /// may take.
-    #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value = "10s", value_parser = crate::duration::parse)]
     pub(crate) body_timeout: Duration,
     #[command(flatten)]
     pub(crate) limits: crate::listen::Limits,
-}
-
-/// `30s`, `500ms`, `2m`, or plain seconds; positive.
-pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let (number, unit) = match s.find(|c: char| c.is_ascii_alphabetic()) {
-        Some(i) => s.split_at(i),
-        None => (s, "s"),
-    };
-    let scale = match unit {
-        "ms" => 0.001,
-        "s" => 1.0,
-        "m" => 60.0,
-        _ => return Err(format!("{s:?}: the unit must be ms, s or m")),
-    };
-    let n: f64 = number
-        .trim()
-        .parse()
-        .map_err(|_| format!("{s:?} is not a duration like 30s or 500ms"))?;
-    Duration::try_from_secs_f64(n * scale)
-        .ok()
-        .filter(|d| !d.is_zero())
-        .ok_or_else(|| format!("{s:?}: the duration must be positive"))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_duration;
-    use std::time::Duration;
-
-    #[test]
-    fn durations_parse_with_units() {
-        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
-        assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
-        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1500)));
-        for bad in ["", "0s", "-1s", "3h", "s", "1e400"] {
-            assert!(parse_duration(bad).is_err(), "{bad}");
-        }
-    }
 }

@@ -6,6 +6,7 @@ use std::process::ExitCode;
 
 mod bench;
 pub mod cli;
+mod duration;
 pub mod listen;
 mod numbers;
 pub mod proxy;

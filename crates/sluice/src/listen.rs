@@ -64,7 +64,7 @@ pub struct Limits {
         long,
         env = "SLUICE_SHUTDOWN_TIMEOUT",
         default_value = "10s",
-        value_parser = crate::cli::parse_duration,
+        value_parser = crate::duration::parse,
     )]
     pub shutdown_timeout: Duration,
 }

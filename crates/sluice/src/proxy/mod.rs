@@ -78,12 +78,12 @@ pub struct ProxyArgs {
     /// How long the upstream has to start its response once the request is
     /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
     /// it the client gets a 504.
-    #[arg(long, default_value = "30s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
     pub(crate) upstream_timeout: Duration,
     /// How long a client may pause while sending a request body, e.g.
     /// `60s`; past it the request is abandoned with a 408, so that a slow
     /// sender cannot hold an upstream connection indefinitely.
-    #[arg(long, default_value = "60s", value_parser = crate::cli::parse_duration)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
     pub(crate) body_timeout: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
     /// is no admin listener.
