@@ -34,14 +34,14 @@ pub(crate) enum Command {
 #[derive(Debug, Args)]
 pub(crate) struct ValidateArgs {
     /// Policy files (YAML or JSON).
-    #[arg(required = true)]
+    #[arg(required = true, env = "SLUICE_POLICY", value_delimiter = ',')]
     pub(crate) files: Vec<PathBuf>,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct ReplayArgs {
     /// The policy to replay through.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_POLICY")]
     pub(crate) policy: PathBuf,
     /// Events as JSON Lines sorted by `t`; `-` reads standard input.
     #[arg(long, short)]
@@ -57,27 +57,27 @@ pub(crate) struct ReplayArgs {
     #[arg(long, short)]
     pub(crate) quiet: bool,
     /// Seed for the shard choices of sharded limits, so runs repeat exactly.
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, env = "SLUICE_SEED")]
     pub(crate) seed: u64,
 }
 
 #[derive(Debug, Args)]
 pub(crate) struct ServeArgs {
     /// The policy; without one, the bundled example policy is served.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_POLICY")]
     pub(crate) policy: Option<PathBuf>,
     /// Where the HTTP decision API, /metrics, /healthz and /readyz listen.
-    #[arg(long, default_value = "127.0.0.1:8080")]
+    #[arg(long, default_value = "127.0.0.1:8080", env = "SLUICE_HTTP")]
     pub(crate) http: SocketAddr,
     /// Where Envoy's rate limit service (gRPC, RLS v3) listens.
-    #[arg(long, default_value = "127.0.0.1:8081")]
+    #[arg(long, default_value = "127.0.0.1:8081", env = "SLUICE_GRPC")]
     pub(crate) grpc: SocketAddr,
     /// The store, overriding the policy's: `memory`, or a `redis://`,
     /// `rediss://` or `redis+cluster://` URL.
-    #[arg(long)]
+    #[arg(long, env = "SLUICE_STORE")]
     pub(crate) store: Option<String>,
     /// The bearer token that admin endpoints (`/v1/reset`) require. Without
-    /// one they are disabled. Read from SLUICE_ADMIN_TOKEN when not given.
+    /// one they are disabled.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
     /// How long a request body may take to arrive in full, e.g. `10s`; past

@@ -724,3 +724,43 @@ rules:
     assert_eq!(decide("203.0.113.5", "192.0.2.3").await, 200);
     assert_eq!(decide("203.0.113.5", "192.0.2.4").await, 429);
 }
+
+/// A container sets flags through the environment: `SLUICE_HTTP`,
+/// `SLUICE_GRPC` and `SLUICE_POLICY` do what `--http`, `--grpc` and
+/// `--policy` do.
+#[tokio::test]
+async fn flags_can_be_set_through_the_environment() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, POLICY).unwrap();
+    let (http, grpc) = (free_port(), free_port());
+    let _server = Server(
+        Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .arg("serve")
+            .env("SLUICE_HTTP", format!("127.0.0.1:{http}"))
+            .env("SLUICE_GRPC", format!("127.0.0.1:{grpc}"))
+            .env("SLUICE_POLICY", &path)
+            .env("RUST_LOG", "warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let client = reqwest::Client::new();
+    let base = format!("http://127.0.0.1:{http}");
+    eventually(Duration::from_secs(10), "serve on SLUICE_HTTP", async || {
+        let r = client.get(format!("{base}/healthz")).send().await;
+        r.is_ok_and(|r| r.status() == 200)
+    })
+    .await;
+    // The policy is the one SLUICE_POLICY names, not the bundled example.
+    let res = client
+        .post(format!("{base}/v1/check"))
+        .body(r#"{"limit": "sendMessage", "key": "k"}"#)
+        .send()
+        .await
+        .unwrap();
+    let body: serde_json::Value = res.json().await.unwrap();
+    assert_eq!(body["limit"], 2);
+    assert!(std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok());
+}

@@ -63,31 +63,31 @@ use crate::serve::{AnyStore, Metrics};
 pub struct ProxyArgs {
     /// The policy whose rules are enforced; reloaded when the file changes
     /// and on SIGHUP.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_POLICY")]
     pub(crate) policy: PathBuf,
     /// The upstream every admitted request goes to, as `http://host:port`,
     /// optionally with a base path (`http://host:port/api`).
-    #[arg(long)]
+    #[arg(long, env = "SLUICE_UPSTREAM")]
     pub(crate) upstream: String,
     /// Where the proxy listens.
-    #[arg(long, default_value = "127.0.0.1:8000")]
+    #[arg(long, default_value = "127.0.0.1:8000", env = "SLUICE_LISTEN")]
     pub(crate) listen: SocketAddr,
     /// The store, overriding the policy's: `memory`, or a Redis URL.
-    #[arg(long)]
+    #[arg(long, env = "SLUICE_STORE")]
     pub(crate) store: Option<String>,
     /// How long the upstream has to start its response once the request is
     /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
     /// it the client gets a 504.
-    #[arg(long, default_value = "30s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "30s", value_parser = crate::duration::parse, env = "SLUICE_UPSTREAM_TIMEOUT")]
     pub(crate) upstream_timeout: Duration,
     /// How long a client may pause while sending a request body, e.g.
     /// `60s`; past it the request is abandoned with a 408, so that a slow
     /// sender cannot hold an upstream connection indefinitely.
-    #[arg(long, default_value = "60s", value_parser = crate::duration::parse)]
+    #[arg(long, default_value = "60s", value_parser = crate::duration::parse, env = "SLUICE_BODY_TIMEOUT")]
     pub(crate) body_timeout: Duration,
     /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
     /// is no admin listener.
-    #[arg(long)]
+    #[arg(long, env = "SLUICE_ADMIN")]
     pub(crate) admin: Option<SocketAddr>,
     #[command(flatten)]
     pub(crate) limits: Limits,
