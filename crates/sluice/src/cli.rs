@@ -44,17 +44,17 @@ pub(crate) struct ReplayArgs {
     #[arg(long, short, env = "SLUICE_POLICY")]
     pub(crate) policy: PathBuf,
     /// Events as JSON Lines sorted by `t`; `-` reads standard input.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_EVENTS")]
     pub(crate) events: PathBuf,
     /// Write decisions here instead of standard output.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_OUTPUT")]
     pub(crate) output: Option<PathBuf>,
     /// After the decisions, print per-rule totals: a JSON line
     /// `{"summary": ...}` on the output and a table on standard error.
-    #[arg(long)]
+    #[arg(long, env = "SLUICE_SUMMARY")]
     pub(crate) summary: bool,
     /// No progress lines on standard error.
-    #[arg(long, short)]
+    #[arg(long, short, env = "SLUICE_QUIET")]
     pub(crate) quiet: bool,
     /// Seed for the shard choices of sharded limits, so runs repeat exactly.
     #[arg(long, default_value_t = 0, env = "SLUICE_SEED")]
