@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Process as Server, free_port};
+use support::{Process as Server, free_port, serve_args};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -39,19 +39,10 @@ fn serve(policy: &str, wait_for: Listener) -> (Server, tempfile::TempDir, Socket
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("policy.yaml");
     std::fs::write(&path, policy).unwrap();
-    let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-    let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+    let (args, http, grpc) = serve_args(&path);
     let server = Server(
         Command::new(BIN)
-            .args([
-                "serve",
-                "--http",
-                &http.to_string(),
-                "--grpc",
-                &grpc.to_string(),
-            ])
-            .arg("--policy")
-            .arg(&path)
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

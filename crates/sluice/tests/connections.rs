@@ -15,7 +15,7 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Process, eventually, free_port};
+use support::{Process, eventually, free_port, serve_args};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
@@ -61,8 +61,7 @@ impl Serve {
         let dir = tempfile::tempdir().unwrap();
         let policy = dir.path().join("policy.yaml");
         std::fs::write(&policy, POLICY).unwrap();
-        let http: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
-        let grpc: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
+        let (serve, http, grpc) = serve_args(&policy);
         let mut command = match wrapper.split_first() {
             Some((program, rest)) => {
                 let mut c = Command::new(program);
@@ -72,15 +71,7 @@ impl Serve {
             None => Command::new(env!("CARGO_BIN_EXE_sluice")),
         };
         command
-            .args([
-                "serve",
-                "--http",
-                &http.to_string(),
-                "--grpc",
-                &grpc.to_string(),
-            ])
-            .arg("--policy")
-            .arg(&policy)
+            .args(serve)
             .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())

@@ -18,7 +18,7 @@ use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
-use support::{Process as Server, eventually, free_port, get_text};
+use support::{Process as Server, eventually, free_port, get_text, serve_args};
 use tower::ServiceExt;
 
 const POLICY: &str = r#"
@@ -324,26 +324,24 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
 /// Starts `sluice serve` on free ports and waits until it is ready; returns
 /// the process, the HTTP base URL and the gRPC address.
 async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
-    let (http, grpc) = (free_port(), free_port());
+    let (args, http, grpc) = serve_args(policy);
     let server = Server(
         Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["serve", "--http", &format!("127.0.0.1:{http}")])
-            .args(["--grpc", &format!("127.0.0.1:{grpc}"), "--policy"])
-            .arg(policy)
+            .args(args)
             .env("RUST_LOG", "warn")
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );
-    let base = format!("http://127.0.0.1:{http}");
+    let base = format!("http://{http}");
     let client = reqwest::Client::new();
     eventually(Duration::from_secs(10), "the server to start", async || {
         let r = client.get(format!("{base}/readyz")).send().await;
         r.is_ok_and(|r| r.status() == 200)
     })
     .await;
-    (server, base, format!("127.0.0.1:{grpc}"))
+    (server, base, grpc.to_string())
 }
 
 #[tokio::test]
@@ -748,10 +746,14 @@ async fn flags_can_be_set_through_the_environment() {
     );
     let client = reqwest::Client::new();
     let base = format!("http://127.0.0.1:{http}");
-    eventually(Duration::from_secs(10), "serve on SLUICE_HTTP", async || {
-        let r = client.get(format!("{base}/healthz")).send().await;
-        r.is_ok_and(|r| r.status() == 200)
-    })
+    eventually(
+        Duration::from_secs(10),
+        "serve on SLUICE_HTTP",
+        async || {
+            let r = client.get(format!("{base}/healthz")).send().await;
+            r.is_ok_and(|r| r.status() == 200)
+        },
+    )
     .await;
     // The policy is the one SLUICE_POLICY names, not the bundled example.
     let res = client

@@ -47,6 +47,29 @@ pub(crate) fn free_port() -> u16 {
         .port()
 }
 
+/// The arguments of `sluice serve` with the policy at `policy`, listening
+/// on two free loopback ports; and those addresses, HTTP then gRPC.
+pub(crate) fn serve_args(
+    policy: &std::path::Path,
+) -> (
+    Vec<std::ffi::OsString>,
+    std::net::SocketAddr,
+    std::net::SocketAddr,
+) {
+    let addr = || std::net::SocketAddr::from(([127, 0, 0, 1], free_port()));
+    let (http, grpc) = (addr(), addr());
+    let args = [
+        "serve".into(),
+        "--http".into(),
+        http.to_string().into(),
+        "--grpc".into(),
+        grpc.to_string().into(),
+        "--policy".into(),
+        policy.as_os_str().to_owned(),
+    ];
+    (args.into(), http, grpc)
+}
+
 /// Polls `check` until it holds, failing the test after `within`.
 pub(crate) async fn eventually(within: Duration, what: &str, mut check: impl AsyncFnMut() -> bool) {
     let deadline = Instant::now() + within;
