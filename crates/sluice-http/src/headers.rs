@@ -224,18 +224,55 @@ fn insert(h: &mut HeaderMap, name: HeaderName, value: String) {
     }
 }
 
-/// An RFC 9457 problem-details body.
-#[derive(Debug, Serialize)]
-struct Problem<'a> {
+/// The problem type of a request refused for exceeding a quota, as the
+/// IETF ratelimit-headers draft registers it.
+pub const QUOTA_EXCEEDED: &str = "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// An RFC 9457 problem-details body: what every refusal of Sluice's carries,
+/// whether a rate limit's, the decision API's or the proxy's.
+///
+/// ```
+/// use http::StatusCode;
+/// use sluice_http::Problem;
+/// let body = Problem::new(StatusCode::NOT_FOUND, "no such endpoint").to_json();
+/// let j: serde_json::Value = serde_json::from_slice(&body).unwrap();
+/// assert_eq!((j["type"].as_str(), j["status"].as_u64()), (Some("about:blank"), Some(404)));
+/// assert_eq!(j["title"], "Not Found");
+/// ```
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Problem {
     #[serde(rename = "type")]
     kind: &'static str,
     title: &'static str,
     status: u16,
     detail: String,
+    #[serde(rename = "violated-policies", skip_serializing_if = "Vec::is_empty")]
+    violated_policies: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    rule: Option<&'a str>,
+    rule: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     retry_after: Option<f64>,
+}
+
+impl Problem {
+    /// A problem of no particular type (`about:blank`), titled by `status`.
+    pub fn new(status: StatusCode, detail: impl Into<String>) -> Problem {
+        Problem {
+            kind: "about:blank",
+            title: status.canonical_reason().unwrap_or("Error"),
+            status: status.as_u16(),
+            detail: detail.into(),
+            violated_policies: Vec::new(),
+            rule: None,
+            retry_after: None,
+        }
+    }
+
+    /// The body as JSON.
+    pub fn to_json(&self) -> Vec<u8> {
+        // A struct of strings and numbers always serializes.
+        serde_json::to_vec(self).unwrap_or_default()
+    }
 }
 
 /// `application/problem+json`.
@@ -264,43 +301,45 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 /// let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
 /// assert_eq!(body["rule"], "per-ip");
 /// assert_eq!(body["retry_after"], 2.5);
+/// assert_eq!(body["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded");
+/// assert_eq!(body["violated-policies"], serde_json::json!(["per-ip"]));
 /// ```
 pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
-    let (status, title, detail) = explain(v);
-    let problem = Problem {
-        kind: "about:blank",
-        title,
-        status: status.as_u16(),
-        detail,
-        rule: v.denied_by(),
-        retry_after: v.retry_after.filter(|_| v.refusal.is_none()),
-    };
-    // Serializing a struct of strings and numbers cannot fail.
-    (status, serde_json::to_vec(&problem).unwrap_or_default())
+    let (status, detail) = explain(v);
+    let mut problem = Problem::new(status, detail);
+    problem.rule = v.denied_by().map(str::to_owned);
+    if v.refusal.is_none() {
+        // Over quota: the draft's problem type, naming every rule that denied.
+        problem.kind = QUOTA_EXCEEDED;
+        problem.violated_policies = v
+            .rules
+            .iter()
+            .filter(|r| !r.decision.allowed)
+            .map(|r| r.rule.clone())
+            .collect();
+        problem.retry_after = v.retry_after;
+    }
+    (status, problem.to_json())
 }
 
-/// The HTTP status of a denial, its title and a sentence on why.
-fn explain(v: &Verdict) -> (StatusCode, &'static str, String) {
+/// The HTTP status of a denial and a sentence on why.
+fn explain(v: &Verdict) -> (StatusCode, String) {
     match &v.refusal {
         Some((_, Refusal::StoreFailed(e))) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            "Service Unavailable",
             format!("the rate limiter could not decide ({e}) and the rule fails closed"),
         ),
         Some((_, Refusal::Cost(e))) => (
             StatusCode::BAD_REQUEST,
-            "Bad Request",
             format!("the request can never be admitted: {e}"),
         ),
         Some((_, Refusal::MissingKey)) => (
             StatusCode::TOO_MANY_REQUESTS,
-            "Too Many Requests",
             "the request lacks a part of the rule's key, and the rule denies such requests"
                 .to_owned(),
         ),
         None => (
             StatusCode::TOO_MANY_REQUESTS,
-            "Too Many Requests",
             match v.retry_after {
                 Some(s) => format!("rate limit exceeded; retry in {s:.3} s"),
                 None => "rate limit exceeded".to_owned(),
@@ -326,7 +365,7 @@ const GRPC_MESSAGE: &percent_encoding::AsciiSet = &percent_encoding::CONTROLS.ad
 /// assert_eq!(message, "rate limit exceeded; retry in 1.500 s");
 /// ```
 pub fn grpc_denial(v: &Verdict) -> (u8, String) {
-    let (status, _, detail) = explain(v);
+    let (status, detail) = explain(v);
     let code = match status {
         StatusCode::SERVICE_UNAVAILABLE => 14,
         StatusCode::BAD_REQUEST => 3,

@@ -28,9 +28,9 @@ mod store_errors;
 
 pub use engine::{Enforcer, Refusal, RuleDecision, Verdict};
 pub use headers::{
-    PROBLEM_JSON, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY, RATELIMIT_REMAINING,
-    RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial, grpc_denial,
-    rate_limit_headers, retry_after_secs, set_rate_limit_headers,
+    PROBLEM_JSON, Problem, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY,
+    RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial,
+    grpc_denial, rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
 pub use limit::{RateLimit, RateLimitLayer, ResponseFuture};
 pub use request::{HttpRequest, PeerAddr, Verified};

@@ -174,6 +174,13 @@ async fn several_rules_are_one_transaction_and_the_slowest_speaks() {
     assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
     let retry: u64 = header(&denied, "retry-after").parse().unwrap();
     assert!((10..=15).contains(&retry), "retry-after {retry}");
+    // The draft's problem type, naming the rule that denied and not the one
+    // that would have admitted.
+    let body = denied.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["type"], sluice_http::QUOTA_EXCEEDED);
+    assert_eq!(problem["violated-policies"], serde_json::json!(["tight"]));
+    assert_eq!(problem["rule"], "tight");
 }
 
 #[tokio::test]

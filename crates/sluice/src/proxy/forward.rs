@@ -23,7 +23,7 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use sluice_core::Store;
-use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr};
+use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr, Problem};
 use tokio::sync::oneshot;
 
 use super::Upstream;
@@ -465,13 +465,8 @@ fn add_forwarded(
 
 /// A problem-details response written by the proxy itself.
 pub(crate) fn problem(status: StatusCode, detail: &str) -> Response<ProxyBody> {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body.to_string()))));
+    let body = Problem::new(status, detail).to_json();
+    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
     *res.status_mut() = status;
     res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
     res

@@ -20,7 +20,7 @@ use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Clock, Decision, Mode, Store, StoreError, SystemClock};
-use sluice_http::{Enforcer, PROBLEM_JSON, Verdict, Verified, denial, rate_limit_headers};
+use sluice_http::{Enforcer, PROBLEM_JSON, Problem, Verdict, Verified, denial, rate_limit_headers};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
@@ -175,13 +175,7 @@ fn router<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
 
 /// A problem-details response.
 pub(crate) fn problem(status: StatusCode, detail: String) -> Response {
-    let body = serde_json::json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or("Error"),
-        "status": status.as_u16(),
-        "detail": detail,
-    });
-    let mut res = (status, body.to_string()).into_response();
+    let mut res = (status, Problem::new(status, detail).to_json()).into_response();
     res.headers_mut().insert(header::CONTENT_TYPE, PROBLEM_JSON);
     res
 }
