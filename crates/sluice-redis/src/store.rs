@@ -112,12 +112,20 @@ struct Shared {
     ready: AtomicBool,
     /// A call missed its deadline since the last health check.
     suspect: AtomicBool,
+    /// A single Redis refused or dropped the connection, and nothing has
+    /// answered since: calls fail at once rather than each waiting out its
+    /// deadline while the connection is retried.
+    refused: AtomicBool,
 }
 
 impl Shared {
     fn classify(&self, e: &RedisError) -> StoreError {
         if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             self.ready.store(false, Ordering::Relaxed);
+            // A cluster can lose one node and still serve the others' slots.
+            if matches!(self.conn, Conn::Single(_)) {
+                self.refused.store(true, Ordering::Relaxed);
+            }
         }
         if e.is_timeout() {
             self.timed_out()
@@ -135,6 +143,23 @@ impl Shared {
     fn timed_out(&self) -> StoreError {
         self.suspect.store(true, Ordering::Relaxed);
         StoreError::Timeout
+    }
+
+    /// Records whether Redis answered a health-check ping: only a ping
+    /// ends a refusal, since a call's reply may have been sent before the
+    /// connection was lost.
+    fn pinged(&self, answered: bool) {
+        self.ready.store(answered, Ordering::Relaxed);
+        if answered {
+            self.refused.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// Records that Redis answered a call.
+    fn replied(&self) {
+        if !self.refused.load(Ordering::Relaxed) {
+            self.ready.store(true, Ordering::Relaxed);
+        }
     }
 
     /// Awaits `call` within the deadline, mapping a miss and Redis errors.
@@ -279,6 +304,7 @@ impl RedisStore {
             counters: Counters::default(),
             ready: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
             config,
         });
         let (jobs, rx) = mpsc::channel(1 << 16);
@@ -319,6 +345,18 @@ impl RedisStore {
     /// Sends one transaction to the dispatcher and waits for its reply.
     async fn remote(&self, txn: Txn) -> Result<(Txn, TxnReply), StoreError> {
         let shared = &self.shared;
+        if shared.refused.load(Ordering::Relaxed) {
+            // Answered without waiting on anything, so a caller retrying in
+            // a loop would never give the runtime back: spend cooperative
+            // budget as a channel receive would. The health check pings
+            // every 100 ms and ends the refusal as soon as Redis answers.
+            tokio::task::consume_budget().await;
+            let e = StoreError::Unavailable(
+                "Redis refused the connection; failing at once until it answers again".into(),
+            );
+            shared.count(&e);
+            return Err(e);
+        }
         let (tx, rx) = oneshot::channel();
         let job = Job {
             txn,
@@ -469,7 +507,7 @@ async fn ping(shared: &Shared) -> Result<(), StoreError> {
     let mut conn = shared.conn.clone();
     let cmd = redis::cmd("PING");
     let answered = shared.within(cmd.query_async::<Value>(&mut conn)).await;
-    shared.ready.store(answered.is_ok(), Ordering::Relaxed);
+    shared.pinged(answered.is_ok());
     answered.map(drop)
 }
 
@@ -599,7 +637,7 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
     };
     drop(cmd);
     let replies = result.and_then(|v| {
-        shared.ready.store(true, Ordering::Relaxed);
+        shared.replied();
         let mut replies = script::parse_reply(v, shared.unit)?;
         // Every reply is read before any is sent, so a malformed one fails
         // the whole batch rather than answering part of it.

@@ -339,6 +339,49 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     assert!(stats.errors + stats.timeouts > 0, "{stats:?}");
 }
 
+/// Once Redis has refused the connection, decisions fail at once instead
+/// of each waiting out its deadline while the connection is retried, and
+/// resume once Redis answers the health check again. A patient deadline
+/// shows the difference: no answer may take anywhere near it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_redis_is_answered_at_once_until_it_returns() {
+    let _alone = ALONE.lock().await;
+    let mut server = RedisServer::start();
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_secs(5));
+    let store = RedisStore::new(config).unwrap();
+    let limit = Limit::new("refused", TokenBucket::new(1_000.0, 1_000.0).unwrap());
+    let decide = || store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME);
+    assert!(decide().await.unwrap().allowed);
+    server.kill();
+    // The first call after the kill learns of it.
+    let _ = decide().await;
+    assert!(!store.is_ready());
+    let stalls = Stalls::watch();
+    for _ in 0..20 {
+        let asked = Instant::now();
+        let r = decide().await;
+        let answered = Instant::now();
+        assert!(matches!(r, Err(StoreError::Unavailable(_))), "{r:?}");
+        let ran = (answered - asked).saturating_sub(stalls.within(asked, answered));
+        assert!(
+            ran < Duration::from_millis(100),
+            "an answer took {ran:?} running"
+        );
+    }
+    server.restart();
+    let back = Instant::now();
+    while decide().await.is_err() {
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "decisions did not resume within 2 s of Redis returning"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(store.is_ready());
+}
+
 /// A Redis that hangs refuses no connection; only its silence says it is
 /// down. Timeouts make the store not ready, and it is ready again once
 /// Redis answers.
