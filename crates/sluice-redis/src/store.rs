@@ -349,7 +349,7 @@ impl RedisStore {
             // Answered without waiting on anything, so a caller retrying in
             // a loop would never give the runtime back: spend cooperative
             // budget as a channel receive would. The health check pings
-            // every 100 ms and ends the refusal as soon as Redis answers.
+            // every 25 ms and ends the refusal as soon as Redis answers.
             tokio::task::consume_budget().await;
             let e = StoreError::Unavailable(
                 "Redis refused the connection; failing at once until it answers again".into(),
@@ -520,8 +520,15 @@ async fn watch(shared: Weak<Shared>) {
         if !s.ready.load(Ordering::Relaxed) || s.suspect.swap(false, Ordering::Relaxed) {
             let _ = ping(&s).await;
         }
+        // While Redis is down, calls fail at once until a ping is answered:
+        // ping often then, so that they resume soon after Redis does.
+        let pause = if s.ready.load(Ordering::Relaxed) {
+            Duration::from_millis(100)
+        } else {
+            Duration::from_millis(25)
+        };
         drop(s);
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(pause).await;
     }
 }
 

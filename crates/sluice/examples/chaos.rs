@@ -406,7 +406,8 @@ fn report(
             }
         );
     }
-    // Recovery: from Redis coming back to each server's first decided answer.
+    // Recovery: from Redis coming back to each server's first decided answer
+    // on the limit that fails closed (a 200 on the other may be a fail-open).
     let _ = writeln!(
         out,
         "\n| Redis back at | server | first decision after (ms) | /readyz 200 after (ms) |"
@@ -420,7 +421,10 @@ fn report(
             let first = answers
                 .iter()
                 .filter(|a| {
-                    a.server == server && a.sent >= back.start && matches!(a.status, 200 | 429)
+                    a.server == server
+                        && a.limit == 0
+                        && a.sent >= back.start
+                        && matches!(a.status, 200 | 429)
                 })
                 .map(|a| a.sent + a.latency)
                 .min();
