@@ -344,6 +344,16 @@ async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
     (server, base, grpc.to_string())
 }
 
+/// `POST /v1/check` of `sendMessage` for key `k` on the server at `base`.
+async fn check_send_message(client: &reqwest::Client, base: &str) -> reqwest::Response {
+    client
+        .post(format!("{base}/v1/check"))
+        .body(r#"{"limit": "sendMessage", "key": "k"}"#)
+        .send()
+        .await
+        .unwrap()
+}
+
 #[tokio::test]
 async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload_is_bad() {
     let dir = tempfile::tempdir().unwrap();
@@ -602,12 +612,7 @@ async fn a_reload_that_would_drop_every_limit_or_read_without_end_is_refused() {
         })
         .await;
         // The old policy is still in force.
-        let res = client
-            .post(format!("{base}/v1/check"))
-            .body(r#"{"limit": "sendMessage", "key": "k"}"#)
-            .send()
-            .await
-            .unwrap();
+        let res = check_send_message(&client, &base).await;
         assert_eq!(res.status(), 200, "after {why}");
         // Back to the good policy in between, so that each case starts from
         // a successful reload.
@@ -626,12 +631,7 @@ async fn a_reload_that_would_drop_every_limit_or_read_without_end_is_refused() {
     // Said on purpose, an empty policy is put in force.
     std::fs::write(&path, "rules: []\n").unwrap();
     eventually(Duration::from_secs(10), "the empty policy", async || {
-        let res = client
-            .post(format!("{base}/v1/check"))
-            .body(r#"{"limit": "sendMessage", "key": "k"}"#)
-            .send()
-            .await
-            .unwrap();
+        let res = check_send_message(&client, &base).await;
         res.status() == 404
     })
     .await;
@@ -756,12 +756,7 @@ async fn flags_can_be_set_through_the_environment() {
     )
     .await;
     // The policy is the one SLUICE_POLICY names, not the bundled example.
-    let res = client
-        .post(format!("{base}/v1/check"))
-        .body(r#"{"limit": "sendMessage", "key": "k"}"#)
-        .send()
-        .await
-        .unwrap();
+    let res = check_send_message(&client, &base).await;
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["limit"], 2);
     assert!(std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok());
