@@ -5,13 +5,18 @@ use std::process::ExitCode;
 use clap::Parser;
 
 // A request through `serve` or `proxy` makes a few dozen short-lived
-// allocations (headers, bodies, JSON); mimalloc's per-thread free lists serve
-// them in a fraction of the instructions glibc's malloc takes, measured with
-// callgrind per request.
+// allocations (headers, bodies, JSON), which jemalloc's per-thread caches
+// serve without a lock. Its background threads give memory that stays free
+// back to the system on a timer, even while the workers sit idle: a server
+// whose memory a flood of connections raised comes back down after it
+// (docs/bounds.md).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 
 fn main() -> ExitCode {
+    // Without them, freed pages are only returned when some thread
+    // allocates again; a failure only means memory is kept longer.
+    let _ = tikv_jemalloc_ctl::background_thread::write(true);
     match sluice::run(sluice::cli::Cli::parse()) {
         Ok(code) => code,
         Err(err) => {

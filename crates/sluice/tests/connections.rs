@@ -267,7 +267,7 @@ fn stall_elsewhere(addr: SocketAddr, count: usize) -> Process {
 
 #[cfg(target_os = "linux")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn twenty_thousand_stalled_request_bodies_leave_healthz_answering_and_memory_stops_growing_at_the_cap()
+async fn twenty_thousand_stalled_request_bodies_leave_healthz_answering_and_memory_stops_growing_at_the_cap_and_returns_after()
  {
     let (soft, hard) = rlimit::Resource::NOFILE.get().unwrap();
     let own = file_budget(STALLED).min(STALLED);
@@ -403,10 +403,16 @@ async fn twenty_thousand_stalled_request_bodies_leave_healthz_answering_and_memo
         },
     )
     .await;
-    // The allocator keeps part of what the connections freed for reuse, so
-    // the memory after is reported, and held to no more than the peak.
+    // The allocator gives what the connections freed back to the system on
+    // a timer of its own, so the memory comes down soon after they close.
+    let near_baseline = baseline + (peak_rss - baseline) / 10;
+    eventually(
+        Duration::from_secs(60),
+        "RSS to come back within a tenth of the flood's growth",
+        async || rss(pid) <= near_baseline,
+    )
+    .await;
     let after = rss(pid);
-    assert!(after <= peak_rss, "RSS grew after the clients left");
     eprintln!(
         "{STALLED} stalled connections, cap {cap}: /healthz in {latencies:?}; \
          at most {peak_open} open, {peak_files} files; RSS {:.1} MiB before, \
