@@ -240,19 +240,22 @@ pub trait Store: Send + Sync {
     }
 }
 
-/// What a rule does when its store fails or misses its deadline.
+/// What a rule or limit does when its store fails or misses its deadline
+/// (`on_store_error` in a policy file).
 ///
 /// ```
-/// use sluice_core::{Limit, Op, OnError, TokenBucket};
+/// use sluice_core::{Limit, Op, OnStoreError, TokenBucket};
 /// let limit = Limit::new("api", TokenBucket::new(1.0, 5.0).unwrap());
 /// let ops = [Op::new(&limit, "k", 1.0)];
-/// assert!(OnError::Open.outcome(&ops).allowed);
-/// let closed = OnError::Closed.outcome(&ops);
+/// assert!(OnStoreError::Open.outcome(&ops).allowed);
+/// let closed = OnStoreError::Closed.outcome(&ops);
 /// assert!(!closed.allowed);
 /// assert_eq!(closed.decisions[0].limit, 5.0);
 /// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum OnError {
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "lowercase"))]
+pub enum OnStoreError {
     /// Allow the request: availability over enforcement.
     #[default]
     Open,
@@ -260,11 +263,11 @@ pub enum OnError {
     Closed,
 }
 
-impl OnError {
+impl OnStoreError {
     /// The outcome to report for `ops` when the store could not decide. The
     /// state is unknown, so `remaining` is 0 and there is no retry time.
     pub fn outcome(self, ops: &[Op<'_>]) -> Outcome {
-        let allowed = self == OnError::Open;
+        let allowed = self == OnStoreError::Open;
         Outcome {
             allowed,
             decisions: ops

@@ -1,4 +1,4 @@
-use sluice_http::Verified;
+use sluice_engine::Verified;
 use sluice_policy::{Policy, RequestParts};
 
 /// Parses `data` (lossily decoded as UTF-8) as a policy file with

@@ -7,7 +7,7 @@ use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 
-use crate::engine::{Refusal, Verdict};
+use sluice_engine::{Refusal, Verdict};
 
 /// `RateLimit-Policy`: each rule's quota and window.
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
@@ -110,6 +110,7 @@ pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
 ///     rules: vec![RuleDecision {
 ///         rule: "per-ip".into(),
 ///         key: "9:192.0.2.1".into(),
+///         cost: 1.0,
 ///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
 ///     }],
@@ -139,6 +140,7 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
 ///     rules: vec![RuleDecision {
 ///         rule: "per-ip".into(),
 ///         key: "9:192.0.2.1".into(),
+///         cost: 1.0,
 ///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
 ///     }],
@@ -289,6 +291,7 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 ///     rules: vec![RuleDecision {
 ///         rule: "per-ip".into(),
 ///         key: "k".into(),
+///         cost: 1.0,
 ///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
 ///         window: 1.0,
 ///     }],
@@ -410,12 +413,13 @@ mod tests {
     use sluice_core::Decision;
 
     use super::*;
-    use crate::engine::RuleDecision;
+    use sluice_engine::RuleDecision;
 
     fn rule(name: &str, remaining: u64, reset: f64) -> RuleDecision {
         RuleDecision {
             rule: name.into(),
             key: "k".into(),
+            cost: 1.0,
             decision: Decision {
                 allowed: remaining > 0,
                 limit: 10.0,

@@ -1,6 +1,7 @@
 //! Sluice for HTTP services: a tower [`RateLimitLayer`] for axum, hyper and
-//! tonic, the [`Enforcer`] that every Sluice front end decides with, and the
-//! headers and bodies that tell clients what was decided.
+//! tonic, and the headers and bodies that tell clients what the
+//! [`Enforcer`] of `sluice-engine`, which every front end decides with,
+//! decided.
 //!
 //! ```
 //! use std::sync::Arc;
@@ -20,17 +21,17 @@
 //!     .layer(RateLimitLayer::new(Arc::new(Enforcer::new(policy, MemoryStore::new()))));
 //! ```
 
-mod engine;
 mod headers;
 mod limit;
 mod request;
-mod store_errors;
 
-pub use engine::{Enforcer, Refusal, RuleDecision, Verdict};
 pub use headers::{
     PROBLEM_JSON, Problem, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY,
     RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial,
     grpc_denial, rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
 pub use limit::{RateLimit, RateLimitLayer, ResponseFuture};
-pub use request::{HttpRequest, PeerAddr, Verified};
+pub use request::{HttpRequest, PeerAddr};
+/// The engine's types, here too since the layer cannot be built without
+/// an [`Enforcer`].
+pub use sluice_engine::{Enforcer, Refusal, RuleDecision, ShadowDecision, Verdict};

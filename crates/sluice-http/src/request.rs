@@ -1,13 +1,13 @@
 //! An HTTP request as rules see it: the client address resolved through
-//! trusted proxies, and JWT claims only from a verified token.
+//! trusted proxies. (JWT claims come from the engine, which reads only a
+//! verified token.)
 
 use std::borrow::Cow;
 use std::net::{IpAddr, SocketAddr};
-use std::sync::OnceLock;
 
 use http::HeaderMap;
 use http::header::{FORWARDED, HOST};
-use sluice_policy::{Claims, Policy, Request};
+use sluice_policy::{Policy, Request};
 
 /// The socket peer of a connection, as a request extension. Servers that
 /// don't use axum's `ConnectInfo` insert this so that rules keyed on
@@ -47,7 +47,7 @@ pub(crate) fn peer<B>(req: &http::Request<B>) -> Option<IpAddr> {
 }
 
 /// An `http::Request` seen through a policy's trusted proxies. It has no
-/// claims of its own: wrap it in [`Verified`] for those.
+/// claims of its own: the engine adds those of a verified token.
 ///
 /// ```
 /// use sluice_http::HttpRequest;
@@ -160,81 +160,6 @@ impl Request for HttpRequest<'_> {
         form_urlencoded::parse(self.query.as_bytes())
             .find(|(n, _)| n == name)
             .map(|(_, v)| v)
-    }
-}
-
-/// Any request with the claims of its verified token: the header the
-/// policy's `jwt` section names is read from `inner`, and `claim` answers
-/// only from a token that passes verification. The token is verified on the
-/// first `claim`, so requests that no `jwt:` rule looks at pay nothing.
-///
-/// ```
-/// use sluice_http::Verified;
-/// use sluice_policy::{Policy, Request, RequestParts};
-/// let req = RequestParts::new("GET", "/").with_header("authorization", "Bearer not.a.jwt");
-/// let policy = Policy::default();
-/// let view = Verified::new(&req, &policy);
-/// assert_eq!(view.path(), "/");
-/// assert!(view.claim("sub").is_none());
-/// ```
-pub struct Verified<'a, R: ?Sized> {
-    inner: &'a R,
-    policy: &'a Policy,
-    claims: OnceLock<Option<Claims>>,
-}
-
-impl<'a, R: Request + ?Sized> Verified<'a, R> {
-    /// `inner`, whose token the policy's keys will verify when asked.
-    pub fn new(inner: &'a R, policy: &'a Policy) -> Self {
-        Verified {
-            inner,
-            policy,
-            claims: OnceLock::new(),
-        }
-    }
-
-    fn claims(&self) -> Option<&Claims> {
-        self.claims
-            .get_or_init(|| {
-                let jwt = self.policy.jwt()?;
-                let value = self.inner.header(jwt.header())?;
-                jwt.verify(jwt.token_from_header(value)?)
-            })
-            .as_ref()
-    }
-}
-
-impl<R: Request + ?Sized> Request for Verified<'_, R> {
-    fn ip(&self) -> Option<IpAddr> {
-        self.inner.ip()
-    }
-
-    fn method(&self) -> &str {
-        self.inner.method()
-    }
-
-    fn path(&self) -> &str {
-        self.inner.path()
-    }
-
-    fn host(&self) -> Option<&str> {
-        self.inner.host()
-    }
-
-    fn header(&self, lowercase_name: &str) -> Option<&str> {
-        self.inner.header(lowercase_name)
-    }
-
-    fn query(&self, name: &str) -> Option<Cow<'_, str>> {
-        self.inner.query(name)
-    }
-
-    fn claim(&self, name: &str) -> Option<Cow<'_, str>> {
-        self.claims()?.get(name)
-    }
-
-    fn descriptor(&self, key: &str) -> Option<&str> {
-        self.inner.descriptor(key)
     }
 }
 

@@ -10,10 +10,10 @@ use serde_saphyr::Spanned;
 use sluice_core::{Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, TokenBucket};
 
 use crate::client_ip::{ForwardingHeader, TrustedProxies};
+use crate::condition::Condition;
 use crate::error::{Invalid, Pos, at};
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, CostSource, LimitKey};
-use crate::matching::Condition;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
 use crate::schema::{
     AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, RawTrustedProxies, StoreKind,

@@ -24,21 +24,28 @@
 
 mod client_ip;
 mod compile;
+mod condition;
 mod error;
 mod files;
 mod jwt;
 mod keys;
+mod load;
 mod matching;
 mod policy;
 mod request;
 mod schema;
 mod secs;
+mod settings;
 
 pub use client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
+pub use condition::Condition;
 pub use error::{PolicyError, PolicyWarning};
 pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
 pub use jwt::{Claims, JwtVerifier, bearer_token};
 pub use keys::{Cost, CostSource, LimitKey, decode_key, encode_key};
-pub use matching::{Condition, RuleHit};
-pub use policy::{Mode, NamedLimit, OnMissing, OnStoreError, Policy, Rule, StoreConfig};
+pub use matching::RuleHit;
+pub use policy::{NamedLimit, Policy, Rule, StoreConfig};
 pub use request::{Request, RequestParts};
+pub use settings::{Enforcement, OnMissing};
+/// Also a rule's and a named limit's setting, so it is at hand here.
+pub use sluice_core::OnStoreError;

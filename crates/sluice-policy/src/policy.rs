@@ -2,82 +2,17 @@
 //! hand to a store, and the entry points that load a policy file.
 
 use std::collections::HashMap;
-use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use serde::Deserialize;
-use sluice_core::Limit;
+use sluice_core::{Limit, OnStoreError};
 
 use crate::client_ip::TrustedProxies;
-use crate::error::{PolicyError, PolicyWarning, from_yaml};
+use crate::condition::Condition;
+use crate::error::PolicyWarning;
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, LimitKey, push_missing, push_part};
-use crate::matching::Condition;
 use crate::request::Request;
-use crate::schema::RawPolicy;
-
-/// Whether a rule or limit denies requests or only reports what it would do.
-///
-/// ```
-/// use sluice_policy::Mode;
-/// assert_eq!(Mode::default(), Mode::Enforce);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum Mode {
-    /// Denials are enforced.
-    #[default]
-    Enforce,
-    /// Decisions are computed and reported, but requests always pass.
-    Shadow,
-}
-
-/// What to do with a request when the store fails or times out.
-///
-/// ```
-/// use sluice_policy::OnStoreError;
-/// assert_eq!(OnStoreError::default(), OnStoreError::Open);
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnStoreError {
-    /// Let the request through.
-    #[default]
-    Open,
-    /// Deny the request.
-    Closed,
-}
-
-/// What a rule does with a request that lacks one of its key parts
-/// (`on_missing`).
-///
-/// ```
-/// use sluice_policy::{OnMissing, Policy, RequestParts};
-/// let p = Policy::from_str(r#"
-/// rules:
-///   - name: per-user
-///     limit_keys: ["header:x-user"]
-///     on_missing: shared
-///     algorithm: token_bucket
-///     algorithm_config: {rps: 1}
-/// "#, "p.yaml").unwrap();
-/// assert_eq!(p.rules()[0].on_missing(), OnMissing::Shared);
-/// // Anonymous requests share one bucket, apart from every user's.
-/// let anonymous = RequestParts::new("GET", "/");
-/// let hit = p.matching(&anonymous).next().unwrap();
-/// assert_eq!(hit.key, "-:");
-/// ```
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum OnMissing {
-    /// The rule does not apply.
-    #[default]
-    Skip,
-    /// Such requests share one bucket, apart from every real key's.
-    Shared,
-    /// Such requests are denied.
-    Deny,
-}
+use crate::settings::{Enforcement, OnMissing};
 
 /// Where limit state lives (`store` in the policy file).
 ///
@@ -113,20 +48,20 @@ impl Default for StoreConfig {
 /// An entry of `limits`: a limit that applications call by name.
 ///
 /// ```
-/// use sluice_policy::{Mode, Policy};
+/// use sluice_policy::{Enforcement, Policy};
 /// let p = Policy::from_str(
 ///     "limits:\n  sendMessage:\n    algorithm: token_bucket\n    \
 ///      algorithm_config: {rate: 10, period: 60, burst: 20}\n",
 ///     "p.yaml",
 /// ).unwrap();
 /// let named = &p.limits()[0];
-/// assert_eq!((named.name(), named.mode()), ("sendMessage", Mode::Enforce));
+/// assert_eq!((named.name(), named.mode()), ("sendMessage", Enforcement::Enforce));
 /// assert_eq!(named.limit().algorithm().capacity(), 20.0);
 /// ```
 #[derive(Debug, Clone)]
 pub struct NamedLimit {
     pub(crate) limit: Limit,
-    pub(crate) mode: Mode,
+    pub(crate) mode: Enforcement,
     pub(crate) on_store_error: OnStoreError,
 }
 
@@ -156,11 +91,11 @@ impl NamedLimit {
     /// Whether calls are enforced or only reported.
     ///
     /// ```
-    /// # use sluice_policy::{Mode, Policy};
+    /// # use sluice_policy::{Enforcement, Policy};
     /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}, mode: shadow}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].mode(), Mode::Shadow);
+    /// assert_eq!(p.limits()[0].mode(), Enforcement::Shadow);
     /// ```
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> Enforcement {
         self.mode
     }
 
@@ -181,7 +116,7 @@ impl NamedLimit {
 /// A request rule: conditions, key parts, a limit and a cost.
 ///
 /// ```
-/// use sluice_policy::{LimitKey, Mode, OnStoreError, Policy};
+/// use sluice_policy::{LimitKey, Enforcement, OnStoreError, Policy};
 /// let p = Policy::from_str(r#"
 /// on_store_error: closed
 /// rules:
@@ -196,7 +131,7 @@ impl NamedLimit {
 /// assert_eq!(rule.name(), "per-ip");
 /// assert_eq!(rule.limit().name(), "per-ip");
 /// assert_eq!(rule.limit_keys(), &[LimitKey::IpAddress]);
-/// assert_eq!((rule.mode(), rule.on_store_error()), (Mode::Shadow, OnStoreError::Closed));
+/// assert_eq!((rule.mode(), rule.on_store_error()), (Enforcement::Shadow, OnStoreError::Closed));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -204,7 +139,7 @@ pub struct Rule {
     pub(crate) keys: Vec<LimitKey>,
     pub(crate) conditions: Vec<Condition>,
     pub(crate) cost: Cost,
-    pub(crate) mode: Mode,
+    pub(crate) mode: Enforcement,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) on_missing: OnMissing,
     pub(crate) domain: Option<String>,
@@ -270,11 +205,11 @@ impl Rule {
     /// Whether the rule enforces or only reports.
     ///
     /// ```
-    /// # use sluice_policy::{Mode, Policy};
+    /// # use sluice_policy::{Enforcement, Policy};
     /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
-    /// assert_eq!(p.rules()[0].mode(), Mode::Enforce);
+    /// assert_eq!(p.rules()[0].mode(), Enforcement::Enforce);
     /// ```
-    pub fn mode(&self) -> Mode {
+    pub fn mode(&self) -> Enforcement {
         self.mode
     }
 
@@ -383,64 +318,6 @@ pub struct Policy {
 }
 
 impl Policy {
-    /// Reads, parses and validates a policy file (YAML, or JSON).
-    ///
-    /// ```
-    /// use sluice_policy::Policy;
-    /// let err = Policy::from_path("/nonexistent/policy.yaml".as_ref()).unwrap_err();
-    /// assert!(err.to_string().starts_with("/nonexistent/policy.yaml: cannot read"));
-    /// ```
-    pub fn from_path(path: &Path) -> Result<Policy, PolicyError> {
-        Policy::from_str(&Policy::read(path)?, path)
-    }
-
-    /// Reads a policy file's text, refusing anything but a regular file of
-    /// at most [`MAX_POLICY_BYTES`](crate::MAX_POLICY_BYTES).
-    ///
-    /// ```
-    /// use sluice_policy::Policy;
-    /// let err = Policy::read("/dev/zero".as_ref()).unwrap_err();
-    /// assert_eq!(err.to_string(), "/dev/zero: cannot read the policy file: not a regular file");
-    /// ```
-    pub fn read(path: &Path) -> Result<String, PolicyError> {
-        crate::files::read_text_capped(path, crate::files::MAX_POLICY_BYTES).map_err(|e| {
-            PolicyError {
-                file: path.to_owned(),
-                line: 0,
-                column: 0,
-                message: format!("cannot read the policy file: {e}"),
-            }
-        })
-    }
-
-    /// Parses and validates policy text; `file` names it in errors.
-    ///
-    /// JSON is accepted as well as YAML: a JSON document is a YAML one.
-    ///
-    /// ```
-    /// use sluice_policy::Policy;
-    /// let p = Policy::from_str(r#"{"on_store_error": "closed"}"#, "p.json").unwrap();
-    /// assert!(p.rules().is_empty());
-    /// let err = Policy::from_str("rules:\n  - name: a\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: -1}\n", "p.yaml").unwrap_err();
-    /// assert_eq!(err.to_string(), "p.yaml:5:29: `rps` must be a positive number, got -1");
-    /// ```
-    pub fn from_str(text: &str, file: impl AsRef<Path>) -> Result<Policy, PolicyError> {
-        let file: PathBuf = file.as_ref().to_owned();
-        let options = serde_saphyr::options! {
-            with_snippet: false,
-            strict_booleans: true,
-        };
-        let raw: RawPolicy = serde_saphyr::from_str_with_options(text, options)
-            .map_err(|e| from_yaml(&e, file.clone()))?;
-        let (mut policy, warnings) =
-            crate::compile::compile(raw, &file).map_err(|e| e.into_error(file.clone()))?;
-        policy.warnings = warnings
-            .into_iter()
-            .map(|w| w.into_warning(file.clone()))
-            .collect();
-        Ok(policy)
-    }
-
     /// What in the file is legal but almost surely a mistake, in file order.
     ///
     /// ```
@@ -561,21 +438,5 @@ impl Policy {
     /// ```
     pub fn rules(&self) -> &[Rule] {
         &self.rules
-    }
-}
-
-impl From<OnStoreError> for sluice_core::OnError {
-    /// The store's failure outcome for the policy's setting.
-    ///
-    /// ```
-    /// use sluice_core::OnError;
-    /// use sluice_policy::OnStoreError;
-    /// assert_eq!(OnError::from(OnStoreError::Closed), OnError::Closed);
-    /// ```
-    fn from(o: OnStoreError) -> Self {
-        match o {
-            OnStoreError::Open => sluice_core::OnError::Open,
-            OnStoreError::Closed => sluice_core::OnError::Closed,
-        }
     }
 }

@@ -75,7 +75,8 @@ pub struct RequestParts {
     /// The raw query string (`a=1&b=2`; a leading `?` is ignored), decoded
     /// when looked up.
     pub query: String,
-    /// Claims of a token that has already been verified.
+    /// Claims of a token already verified. Policy matching reads them;
+    /// the engine does not, and reads only a token it verifies itself.
     pub claims: Vec<(String, String)>,
     /// Envoy descriptor entries.
     pub descriptors: Vec<(String, String)>,

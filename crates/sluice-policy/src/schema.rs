@@ -10,8 +10,10 @@ use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
 use crate::jwt::RawJwt;
-use crate::policy::{Mode, OnMissing, OnStoreError};
+use sluice_core::OnStoreError;
+
 use crate::secs::Secs;
+use crate::settings::{Enforcement, OnMissing};
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -54,7 +56,7 @@ pub(crate) enum AlgorithmKind {
 pub(crate) struct RawLimit {
     pub(crate) algorithm: AlgorithmKind,
     pub(crate) algorithm_config: Spanned<RawConfig>,
-    pub(crate) mode: Option<Mode>,
+    pub(crate) mode: Option<Enforcement>,
     pub(crate) on_store_error: Option<OnStoreError>,
 }
 
@@ -67,7 +69,7 @@ pub(crate) struct RawRule {
     pub(crate) conditions: Option<Entries<String>>,
     pub(crate) algorithm: AlgorithmKind,
     pub(crate) algorithm_config: Spanned<RawConfig>,
-    pub(crate) mode: Option<Mode>,
+    pub(crate) mode: Option<Enforcement>,
     pub(crate) on_store_error: Option<OnStoreError>,
     pub(crate) on_missing: Option<OnMissing>,
     pub(crate) domain: Option<Spanned<String>>,

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use sluice_core::{Algorithm, FixedWindow, Nanos, TokenBucket};
 use sluice_policy::{
-    Condition, CostSource, LimitKey, Mode, OnStoreError, Policy, RequestParts, StoreConfig,
+    Condition, CostSource, Enforcement, LimitKey, OnStoreError, Policy, RequestParts, StoreConfig,
 };
 
 fn example_path() -> &'static Path {
@@ -145,8 +145,8 @@ fn example_policy_file_parses() {
         (fw.period(), fw.start()),
         (Nanos(3600 * Nanos::PER_SEC), Some(Nanos(0)))
     );
-    assert_eq!(p.rules()[3].mode(), Mode::Shadow);
-    assert_eq!(p.rules()[0].mode(), Mode::Enforce);
+    assert_eq!(p.rules()[3].mode(), Enforcement::Shadow);
+    assert_eq!(p.rules()[0].mode(), Enforcement::Enforce);
 }
 
 #[test]

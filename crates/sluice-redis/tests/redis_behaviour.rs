@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sluice_core::{Limit, Mode, OnError, Op, Store, StoreError, TokenBucket};
+use sluice_core::{Limit, Mode, OnStoreError, Op, Store, StoreError, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStore};
 use support::{RedisServer, command};
 
@@ -217,7 +217,7 @@ struct Seen {
 async fn load(
     store: &RedisStore,
     limit: &Limit,
-    on_error: OnError,
+    on_error: OnStoreError,
     progress: &Progress,
     slow: Duration,
 ) -> Seen {
@@ -252,7 +252,7 @@ async fn outage(
     server: &mut RedisServer,
     store: &Arc<RedisStore>,
     limit: &Limit,
-    on_error: OnError,
+    on_error: OnStoreError,
     slow: Duration,
 ) -> (Seen, bool) {
     let progress = Arc::new(Progress::default());
@@ -288,7 +288,7 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
     let timeout = RedisConfig::from_url(&server.url()).unwrap().timeout();
     let bound = timeout + Duration::from_millis(10);
 
-    for on_error in [OnError::Open, OnError::Closed] {
+    for on_error in [OnStoreError::Open, OnStoreError::Closed] {
         let stalls = Stalls::watch();
         let (seen, ready) = outage(&mut server, &store, &limit, on_error, bound).await;
         server.restart();
@@ -316,8 +316,8 @@ async fn a_killed_redis_fails_open_or_closed_in_time_and_decisions_resume() {
         assert!(seen.failures > 0, "{on_error:?}: no call saw Redis down");
         // The limit is far above the load, so only the failure mode denies.
         match on_error {
-            OnError::Open => assert_eq!(seen.allowed, seen.answers),
-            OnError::Closed => assert_eq!(seen.allowed, seen.answers - seen.failures),
+            OnStoreError::Open => assert_eq!(seen.allowed, seen.answers),
+            OnStoreError::Closed => assert_eq!(seen.allowed, seen.answers - seen.failures),
         }
         assert!(!ready, "{on_error:?}: still ready with Redis down");
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use arc_swap::ArcSwapOption;
 use sluice_core::Store;
-use sluice_http::Enforcer;
+use sluice_engine::Enforcer;
 use sluice_policy::{Policy, PolicyError, StoreConfig};
 
 /// How often the policy file is looked at for changes.

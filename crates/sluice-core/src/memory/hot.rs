@@ -1,16 +1,16 @@
-//! Lock-free homes for a shard's hottest keys: the keys that are denied
+//! Lock-free homes for a stripe's hottest keys: the keys that are denied
 //! under abuse, or that several threads decide at once.
 //!
 //! Each slot is a seqlock built from atomics that holds one key's state.
-//! While a slot holds a key, the slot is that key's state and the shard
+//! While a slot holds a key, the slot is that key's state and the stripe
 //! table's entry is at most a stale copy (`dirty` says whether it is). A
 //! decision reads the slot, evaluates, and commits with one compare-and-swap
-//! of the sequence number, so it is linearizable without the shard lock: a
+//! of the sequence number, so it is linearizable without the stripe lock: a
 //! hot key costs one cache line and one atomic read-modify-write, where the
 //! lock costs two and a table probe. A denial or a check writes nothing, so
 //! a key under abuse stays in shared cache lines on every core.
 //!
-//! Only the holder of the shard lock moves keys in or out of slots, which
+//! Only the holder of the stripe lock moves keys in or out of slots, which
 //! is what lets the locked path trust that a key not in a slot stays out.
 
 use std::hint::spin_loop;
@@ -20,7 +20,7 @@ use crate::algorithm::State;
 use crate::decision::Decision;
 use crate::time::Nanos;
 
-/// Slots per shard lock. A direct-mapped cache this small holds the few keys
+/// Slots per stripe lock. A direct-mapped cache this small holds the few keys
 /// that are hammered hard; keys that merely share a slot take turns in it.
 const SLOTS: usize = 16;
 
@@ -44,8 +44,8 @@ struct Slot {
     /// written full is dropped, as the locked path drops it, even if the
     /// table's configuration has changed since.
     cap: AtomicU64,
-    /// Where the state belongs in the shard: fingerprint and table index.
-    /// Written and read only under the shard lock.
+    /// Where the state belongs in the stripe: fingerprint and table index.
+    /// Written and read only under the stripe lock.
     fp: AtomicU64,
     table: AtomicUsize,
 }
@@ -161,7 +161,7 @@ impl Hot {
     /// committing, another thread's commit makes this one start over, so that
     /// span is kept to the arithmetic the next state needs.
     /// Returns `None` when no slot holds `tag`; the caller then takes the
-    /// shard lock. `step` may run more than once, if another thread commits
+    /// stripe lock. `step` may run more than once, if another thread commits
     /// first.
     #[inline]
     pub(super) fn decide<D: FnOnce() -> Decision>(
@@ -230,7 +230,7 @@ impl Hot {
 
     /// Gives `tag` a slot holding `state`, which the table also holds
     /// (written under a configuration of capacity `cap`). The caller holds
-    /// the shard lock, and writes back what this evicts.
+    /// the stripe lock, and writes back what this evicts.
     pub(super) fn install(
         &self,
         tag: u64,
@@ -257,7 +257,7 @@ impl Hot {
     }
 
     /// Takes `tag` out of its slot, if one holds it. The caller holds the
-    /// shard lock.
+    /// stripe lock.
     pub(super) fn take(&self, tag: u64) -> Option<Held> {
         let slot = self.slot(tag);
         if slot.tag.load(Ordering::Relaxed) != tag {
@@ -270,7 +270,7 @@ impl Hot {
         out
     }
 
-    /// Empties every slot into `f`. The caller holds the shard lock.
+    /// Empties every slot into `f`. The caller holds the stripe lock.
     pub(super) fn drain(&self, mut f: impl FnMut(Held)) {
         for slot in self.slots.iter() {
             if slot.tag.load(Ordering::Relaxed) == 0 {

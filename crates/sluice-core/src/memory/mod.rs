@@ -1,5 +1,5 @@
-//! The embedded store: states in sharded flat tables, one small lock per
-//! shard, memory bounded by dropping full buckets and by a key cap.
+//! The embedded store: states in lock-striped flat tables, one small lock per
+//! stripe, memory bounded by dropping full buckets and by a key cap.
 //!
 //! A key is held as a 64-bit fingerprint from SipHash-1-3 under a random
 //! per-store key, next to its two numbers: 24 bytes an entry (see `slots`). Keys of
@@ -28,8 +28,8 @@ use ghosts::Ghosts;
 use hot::{Held, Hot};
 use slots::{Entry, Probe, Slots, nonzero};
 
-/// Entries a shard holds before inserts start sweeping for full buckets: a
-/// small shard costs little, and leaving it alone keeps `len` exact.
+/// Entries a stripe holds before inserts start sweeping for full buckets: a
+/// small stripe costs little, and leaving it alone keeps `len` exact.
 const SWEEP_FROM: usize = 256;
 
 /// Slots an insert sweeps. A pass over a table then takes a quarter as many
@@ -56,7 +56,7 @@ impl Entry {
     }
 }
 
-/// The keys of one limit within one shard.
+/// The keys of one limit within one stripe.
 struct Table {
     /// The handle last used: its configuration is the table's, and comparing
     /// handles is cheaper than comparing configurations on every call.
@@ -133,21 +133,21 @@ impl Table {
     }
 }
 
-/// How many recently denied keys a shard remembers.
+/// How many recently denied keys a stripe remembers.
 const DENIED: usize = 4;
 
 #[derive(Default)]
-struct Shard {
+struct Stripe {
     tables: Vec<Table>,
     len: usize,
-    /// The hot-slot tags of the shard's last few denied keys, oldest
+    /// The hot-slot tags of the stripe's last few denied keys, oldest
     /// overwritten first.
     denied: [u64; DENIED],
     denied_next: usize,
 }
 
-impl Shard {
-    /// Whether `tag` is among the shard's last few denied keys; if not, it
+impl Stripe {
+    /// Whether `tag` is among the stripe's last few denied keys; if not, it
     /// is now. A key denied twice in a short while is likely to be asked
     /// again, the pattern of abuse, and earns a hot slot; a key denied once
     /// may be one of a stream of distinct keys, each of which would evict the
@@ -221,7 +221,7 @@ impl Shard {
         }
     }
 
-    /// Whether [`Shard::maintain`] has work to do.
+    /// Whether [`Stripe::maintain`] has work to do.
     fn due(&self, cap: usize) -> bool {
         self.len > cap
     }
@@ -300,45 +300,45 @@ impl Shard {
     }
 }
 
-/// Cache-line alignment keeps neighbouring shard locks from false sharing.
+/// Cache-line alignment keeps neighbouring stripe locks from false sharing.
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// One shard: its lock, and the lock-free slots of its hottest keys.
+/// One stripe: its lock, and the lock-free slots of its hottest keys.
 #[derive(Default)]
 struct Lane {
-    lock: Mutex<Shard>,
+    lock: Mutex<Stripe>,
     hot: Hot,
 }
 
 impl Lane {
-    /// Runs [`Shard::maintain`] when the shard is over its cap, after moving
+    /// Runs [`Stripe::maintain`] when the stripe is over its cap, after moving
     /// the hot keys back: eviction judges entries by their states, and must
     /// see every key's latest.
-    fn maintain(&self, shard: &mut Shard, now: Nanos, cap: usize) {
-        if shard.due(cap) {
-            self.flush(shard);
-            shard.maintain(now, cap);
+    fn maintain(&self, stripe: &mut Stripe, now: Nanos, cap: usize) {
+        if stripe.due(cap) {
+            self.flush(stripe);
+            stripe.maintain(now, cap);
         }
     }
 
     /// Moves every hot key back into its table.
-    fn flush(&self, shard: &mut Shard) {
-        self.hot.drain(|held| shard.write_back(held));
+    fn flush(&self, stripe: &mut Stripe) {
+        self.hot.drain(|held| stripe.write_back(held));
     }
 
     /// Moves `tag` back into its table if a slot holds it.
-    fn cool(&self, shard: &mut Shard, tag: u64) {
+    fn cool(&self, stripe: &mut Stripe, tag: u64) {
         if let Some(held) = self.hot.take(tag) {
-            shard.write_back(held);
+            stripe.write_back(held);
         }
     }
 
     /// Gives `tag` a hot slot, writing back the key it displaces.
-    fn heat(&self, shard: &mut Shard, tag: u64, at: (u64, usize), state: State) {
-        let cap = shard.tables[at.1].alg().capacity();
+    fn heat(&self, stripe: &mut Stripe, tag: u64, at: (u64, usize), state: State) {
+        let cap = stripe.tables[at.1].alg().capacity();
         if let Some(held) = self.hot.install(tag, at, state, cap) {
-            shard.write_back(held);
+            stripe.write_back(held);
         }
     }
 }
@@ -364,9 +364,9 @@ fn hint_tag(fp: u64, limit: &Limit) -> u64 {
 pub struct MemoryStore<C = SystemClock> {
     clock: C,
     hasher: RandomState,
-    shards: Box<[Padded<Lane>]>,
-    shard_bits: u32,
-    shard_cap: usize,
+    stripes: Box<[Padded<Lane>]>,
+    stripe_bits: u32,
+    stripe_cap: usize,
     heat_all: bool,
 }
 
@@ -383,7 +383,7 @@ impl Default for MemoryStore<SystemClock> {
     }
 }
 
-/// One candidate state location: which locked shard, which table, which key.
+/// One candidate state location: which locked stripe, which table, which key.
 #[derive(Clone, Copy, PartialEq, Eq)]
 struct Slot {
     guard: usize,
@@ -399,18 +399,18 @@ impl<C: Clock> MemoryStore<C> {
         MemoryStore {
             clock,
             hasher: RandomState::new(),
-            shards: (0..n).map(|_| Padded(Lane::default())).collect(),
-            shard_bits: n.trailing_zeros(),
-            shard_cap: usize::MAX,
+            stripes: (0..n).map(|_| Padded(Lane::default())).collect(),
+            stripe_bits: n.trailing_zeros(),
+            stripe_cap: usize::MAX,
             heat_all: false,
         }
     }
 
     /// Caps the number of keys held (approximately: the cap is split evenly
-    /// across shards). When a shard is full, the buckets nearest to full are
+    /// across stripes). When a stripe is full, the buckets nearest to full are
     /// dropped first.
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
-        self.shard_cap = (max_keys >> self.shard_bits).max(1);
+        self.stripe_cap = (max_keys >> self.stripe_bits).max(1);
         self
     }
 
@@ -449,13 +449,13 @@ impl<C: Clock> MemoryStore<C> {
     /// assert_eq!(store.len(), 1);
     /// ```
     pub fn len(&self) -> usize {
-        self.shards
+        self.stripes
             .iter()
             .map(|s| {
-                let mut shard = s.0.lock.lock();
+                let mut stripe = s.0.lock.lock();
                 // A hot key that filled up is still in its table until now.
-                s.0.flush(&mut shard);
-                shard.len
+                s.0.flush(&mut stripe);
+                stripe.len
             })
             .sum()
     }
@@ -475,7 +475,7 @@ impl<C: Clock> MemoryStore<C> {
         nonzero(if shard == 0 {
             h
         } else {
-            // Distinct shards of one key must not collide with each other.
+            // Distinct hot-key shards of one key must not collide with each other.
             h ^ splitmix64(u64::from(shard))
         })
     }
@@ -483,8 +483,8 @@ impl<C: Clock> MemoryStore<C> {
     #[inline]
     fn lock_index(&self, fp: u64) -> usize {
         // Middle bits: a table places entries by its low bits, which should
-        // stay well spread within a shard.
-        ((fp >> 32) & ((1 << self.shard_bits) - 1)) as usize
+        // stay well spread within a stripe.
+        ((fp >> 32) & ((1 << self.stripe_bits) - 1)) as usize
     }
 
     /// Decides a transaction now. This is the whole of the store; the
@@ -533,7 +533,7 @@ impl<C: Clock> MemoryStore<C> {
         // that read an earlier time and locks later sees a state from its
         // future, which the algorithms treat as no time elapsed.
         let now = self.clock.now();
-        let lane = &self.shards[self.lock_index(fp)].0;
+        let lane = &self.stripes[self.lock_index(fp)].0;
         let tag = hint_tag(fp, op.limit);
         let step = |s| {
             let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
@@ -547,7 +547,7 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// [`MemoryStore::single`] for a key without a hot slot: under the
-    /// shard lock. Kept out of line so that the lock-free path stays small.
+    /// stripe lock. Kept out of line so that the lock-free path stays small.
     #[inline(never)]
     fn single_locked(
         &self,
@@ -571,9 +571,9 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
             return d;
         }
-        let shard = &mut *guard;
-        let t = shard.table(op.limit, now);
-        let table = &mut shard.tables[t];
+        let stripe = &mut *guard;
+        let t = stripe.table(op.limit, now);
+        let table = &mut stripe.tables[t];
         // One probe serves both the read and the write.
         let probe = table.entries.find(fp);
         let state = match probe {
@@ -584,32 +584,32 @@ impl<C: Clock> MemoryStore<C> {
         let heat = match (ev.next, state) {
             (Some(next), _) if mode.consume => {
                 let delta = table.put_at(probe, fp, next);
-                shard.settle(t, delta, now);
+                stripe.settle(t, delta, now);
                 // A free slot costs nothing to take, and a contended lock
-                // means other threads decide in this shard right now, quite
+                // means other threads decide in this stripe right now, quite
                 // likely on this very key.
                 (contended || self.heat_all || lane.hot.vacant(tag)).then_some(next)
             }
             // Only a held key can be denied. A key denied again is likely to
             // be asked again soon: let the next callers decide without the
             // lock.
-            (None, Some(held)) if lane.hot.vacant(tag) || shard.denied_again(tag) => Some(held),
+            (None, Some(held)) if lane.hot.vacant(tag) || stripe.denied_again(tag) => Some(held),
             _ => None,
         };
         if let Some(state) = heat {
-            lane.heat(shard, tag, (fp, t), state);
+            lane.heat(stripe, tag, (fp, t), state);
         }
-        lane.maintain(shard, now, self.shard_cap);
+        lane.maintain(stripe, now, self.stripe_cap);
         ev.decision
     }
 
-    /// Any number of operations, on sharded limits too: every shard involved
+    /// Any number of operations, on sharded limits too: every lock stripe involved
     /// is locked (in a fixed order) for the whole decision.
     fn transaction(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
             op.validate(mode.reserve)?;
         }
-        // Candidate fingerprints for every op, and the shards they live in.
+        // Candidate fingerprints for every op, and the lock stripes they live in.
         let cands: SmallVec<[(u64, u64); 4]> = ops
             .iter()
             .map(|op| {
@@ -629,12 +629,12 @@ impl<C: Clock> MemoryStore<C> {
             .iter()
             .flat_map(|&(a, b)| [self.lock_index(a), self.lock_index(b)])
             .collect();
-        // A fixed order makes concurrent multi-shard transactions deadlock-free.
+        // A fixed order makes concurrent multi-stripe transactions deadlock-free.
         locks.sort_unstable();
         locks.dedup();
-        let mut guards: SmallVec<[MutexGuard<'_, Shard>; 8]> = locks
+        let mut guards: SmallVec<[MutexGuard<'_, Stripe>; 8]> = locks
             .iter()
-            .map(|&i| self.shards[i].0.lock.lock())
+            .map(|&i| self.stripes[i].0.lock.lock())
             .collect();
         let now = self.clock.now();
         // The tables must hold the latest states before they are read; and
@@ -643,7 +643,7 @@ impl<C: Clock> MemoryStore<C> {
             for fp in [fa, fb] {
                 let i = self.lock_index(fp);
                 let g = locks.binary_search(&i).unwrap_or(0);
-                self.shards[i]
+                self.stripes[i]
                     .0
                     .cool(&mut guards[g], hint_tag(fp, op.limit));
             }
@@ -703,12 +703,12 @@ impl<C: Clock> MemoryStore<C> {
         }
         if outcome.allowed && mode.consume {
             for (slot, st) in pending {
-                let shard = &mut *guards[slot.guard];
-                let delta = shard.tables[slot.table].put(slot.fp, st);
-                shard.settle(slot.table, delta, now);
+                let stripe = &mut *guards[slot.guard];
+                let delta = stripe.tables[slot.table].put(slot.fp, st);
+                stripe.settle(slot.table, delta, now);
             }
             for (g, &i) in guards.iter_mut().zip(&locks) {
-                self.shards[i].0.maintain(g, now, self.shard_cap);
+                self.stripes[i].0.maintain(g, now, self.stripe_cap);
             }
         }
         Ok(outcome)
@@ -719,20 +719,20 @@ impl<C: Clock> MemoryStore<C> {
         limit: &Limit,
         key: &str,
         now: Nanos,
-        mut f: impl FnMut(&Lane, &mut Shard, usize, u64) -> R,
+        mut f: impl FnMut(&Lane, &mut Stripe, usize, u64) -> R,
     ) -> SmallVec<[R; 1]> {
         (0..limit.shards())
             .map(|s| {
                 let fp = self.fingerprint(key, s);
-                let lane = &self.shards[self.lock_index(fp)].0;
-                let mut shard = lane.lock.lock();
-                let table = shard.table(limit, now);
-                f(lane, &mut shard, table, fp)
+                let lane = &self.stripes[self.lock_index(fp)].0;
+                let mut stripe = lane.lock.lock();
+                let table = stripe.table(limit, now);
+                f(lane, &mut stripe, table, fp)
             })
             .collect()
     }
 
-    /// Restores a key to full (all its shards).
+    /// Restores a key to full (all its hot-key shards).
     ///
     /// ```
     /// use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
@@ -744,15 +744,15 @@ impl<C: Clock> MemoryStore<C> {
     /// ```
     pub fn reset_now(&self, limit: &Limit, key: &str) {
         let now = self.clock.now();
-        self.with_key_slots(limit, key, now, |lane, shard, t, fp| {
+        self.with_key_slots(limit, key, now, |lane, stripe, t, fp| {
             // The slot's state is dropped with the table's.
             lane.hot.take(hint_tag(fp, limit));
-            let delta = shard.tables[t].remove(fp, now);
-            shard.apply(delta);
+            let delta = stripe.tables[t].remove(fp, now);
+            stripe.apply(delta);
         });
     }
 
-    /// The key's tokens now, summed over its shards, and the latest time.
+    /// The key's tokens now, summed over its hot-key shards, and the latest time.
     ///
     /// ```
     /// use sluice_core::{Limit, MemoryStore, TokenBucket};
@@ -764,9 +764,9 @@ impl<C: Clock> MemoryStore<C> {
         let alg = *limit.shard_algorithm();
         let offset = algorithm::key_offset(&alg, key);
         let now = self.clock.now();
-        let parts = self.with_key_slots(limit, key, now, |lane, shard, t, fp| {
-            lane.cool(shard, hint_tag(fp, limit));
-            algorithm::current(&alg, shard.tables[t].get(fp, offset, now), offset, now)
+        let parts = self.with_key_slots(limit, key, now, |lane, stripe, t, fp| {
+            lane.cool(stripe, hint_tag(fp, limit));
+            algorithm::current(&alg, stripe.tables[t].get(fp, offset, now), offset, now)
         });
         Value {
             tokens: parts.iter().map(|v| v.tokens).sum(),
@@ -808,17 +808,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_shard_remembers_its_last_few_denied_keys() {
-        let mut shard = Shard::default();
+    fn a_stripe_remembers_its_last_few_denied_keys() {
+        let mut stripe = Stripe::default();
         // Once is not enough; twice is, while the key is among the last few.
-        assert!(!shard.denied_again(7));
-        assert!(shard.denied_again(7));
+        assert!(!stripe.denied_again(7));
+        assert!(stripe.denied_again(7));
         for tag in 100..100 + DENIED as u64 - 1 {
-            assert!(!shard.denied_again(tag));
+            assert!(!stripe.denied_again(tag));
         }
-        assert!(shard.denied_again(7), "{DENIED} keys are remembered");
+        assert!(stripe.denied_again(7), "{DENIED} keys are remembered");
         // One more distinct key pushes it out.
-        assert!(!shard.denied_again(200));
-        assert!(!shard.denied_again(7), "only {DENIED} keys are remembered");
+        assert!(!stripe.denied_again(200));
+        assert!(!stripe.denied_again(7), "only {DENIED} keys are remembered");
     }
 }

@@ -131,7 +131,7 @@ impl Slots {
     /// Examines at least the next `budget` slots after the last sweep's,
     /// removing the entries `drop` accepts, and returns how many it removed.
     /// A sweep a few slots at a time, instead of the whole table at once,
-    /// keeps every caller's wait under the shard lock short. Once a pass over
+    /// keeps every caller's wait under the stripe lock short. Once a pass over
     /// the whole table finds it sparse, it gives memory back by half.
     pub(super) fn sweep(&mut self, budget: usize, mut drop: impl FnMut(&Entry) -> bool) -> usize {
         let mut removed = 0;

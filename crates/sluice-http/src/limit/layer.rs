@@ -5,7 +5,7 @@ use std::sync::Arc;
 use tower_layer::Layer;
 
 use super::RateLimit;
-use crate::engine::Enforcer;
+use sluice_engine::Enforcer;
 
 /// Applies a policy's rules to every request of the wrapped service.
 ///

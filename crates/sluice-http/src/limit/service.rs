@@ -10,11 +10,11 @@ use sluice_core::Store;
 use tower_service::Service;
 
 use super::ResponseFuture;
-use crate::engine::Enforcer;
 use crate::headers::{
     denial, grpc_denial_headers, is_grpc, set_problem_type, set_rate_limit_headers,
 };
-use crate::request::{HttpRequest, Verified, peer};
+use crate::request::{HttpRequest, peer};
+use sluice_engine::Enforcer;
 
 /// A service whose requests pass a policy's rules first.
 ///
@@ -23,7 +23,9 @@ use crate::request::{HttpRequest, Verified, peer};
 /// answered here: 429 with `Retry-After` and a problem-details body (503
 /// when the store failed and a rule fails closed). A denied gRPC call gets
 /// a gRPC status instead (see [`crate::grpc_denial`]), with the same
-/// headers as metadata. Shadow rules only count.
+/// headers as metadata. Shadow rules only count. Either way the response
+/// carries the [`Verdict`](sluice_engine::Verdict) in its extensions, for
+/// the layers outside to log or test.
 pub struct RateLimit<S, St> {
     inner: S,
     enforcer: Arc<Enforcer<St>>,
@@ -70,25 +72,29 @@ where
             let policy = enforcer.policy();
             let verdict = {
                 let view = HttpRequest::new(&req, peer(&req), &policy);
-                enforcer.check(&Verified::new(&view, &policy)).await
+                enforcer.enforce(&policy, &view).await
             };
             if !verdict.allowed {
-                if is_grpc(req.headers()) {
+                let mut res = if is_grpc(req.headers()) {
                     let mut res = Response::new(Either::Right(Full::new(Bytes::new())));
                     set_rate_limit_headers(&verdict, res.headers_mut());
                     grpc_denial_headers(&verdict, res.headers_mut());
-                    return Ok(res);
-                }
-                let (status, body) = denial(&verdict);
-                let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
-                *res.status_mut() = status;
-                set_rate_limit_headers(&verdict, res.headers_mut());
-                set_problem_type(res.headers_mut());
+                    res
+                } else {
+                    let (status, body) = denial(&verdict);
+                    let mut res = Response::new(Either::Right(Full::new(Bytes::from(body))));
+                    *res.status_mut() = status;
+                    set_rate_limit_headers(&verdict, res.headers_mut());
+                    set_problem_type(res.headers_mut());
+                    res
+                };
+                res.extensions_mut().insert(verdict);
                 return Ok(res);
             }
             let res = inner.call(req).await?;
             let mut res = res.map(Either::Left);
             set_rate_limit_headers(&verdict, res.headers_mut());
+            res.extensions_mut().insert(verdict);
             Ok(res)
         })
     }

@@ -9,7 +9,7 @@ use axum::Router;
 use axum::extract::State;
 use axum::response::Response;
 use axum::routing::get;
-use sluice_http::Enforcer;
+use sluice_engine::Enforcer;
 
 use crate::serve::{AnyStore, Metrics, api};
 

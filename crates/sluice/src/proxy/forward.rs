@@ -23,7 +23,8 @@ use hyper::body::{Body, Frame, Incoming, SizeHint};
 use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use sluice_core::Store;
-use sluice_http::{Enforcer, PROBLEM_JSON, PeerAddr, Problem};
+use sluice_engine::Enforcer;
+use sluice_http::{PROBLEM_JSON, PeerAddr, Problem};
 use tokio::sync::oneshot;
 
 use super::Upstream;

@@ -49,7 +49,8 @@ use clap::Args;
 use http::Request;
 use hyper::body::Incoming;
 use sluice_core::Store;
-use sluice_http::{Enforcer, PeerAddr, RateLimitLayer};
+use sluice_engine::Enforcer;
+use sluice_http::{PeerAddr, RateLimitLayer};
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 

@@ -3,8 +3,11 @@
 //! Time comes from each event's `t`, so a day of traffic replays in as long
 //! as it takes to compute the decisions.
 
-mod engine;
+#[cfg(test)]
+mod agreement;
 mod event;
+mod line;
+mod replayer;
 mod summary;
 
 use std::fs::File;
@@ -15,8 +18,10 @@ use anyhow::Context;
 use sluice_policy::Policy;
 
 use crate::cli::ReplayArgs;
-use engine::Engine;
 use event::Event;
+use line::Line;
+use replayer::Replayer;
+use sluice_core::Store;
 
 /// How often, at most, a progress line is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
@@ -38,11 +43,19 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = BufWriter::with_capacity(1 << 16, output);
-    let mut engine = Engine::new(policy, args.seed);
+    let mut replayer = Replayer::new(policy, args.seed);
     let progress = (!args.quiet).then(Progress::new);
-    replay(input, &mut out, &mut engine, &events_name, progress)?;
+    // The in-memory store answers at once, so one thread runs the engine.
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    runtime.block_on(replay(
+        input,
+        &mut out,
+        &mut replayer,
+        &events_name,
+        progress,
+    ))?;
     if args.summary {
-        engine
+        replayer
             .summary
             .write(&mut out, &mut std::io::stderr().lock())?;
     }
@@ -50,10 +63,10 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn replay(
+async fn replay<S: Store>(
     input: impl BufRead,
     out: &mut impl Write,
-    engine: &mut Engine,
+    replayer: &mut Replayer<S>,
     events_name: &str,
     mut progress: Option<Progress>,
 ) -> anyhow::Result<()> {
@@ -74,14 +87,16 @@ fn replay(
             );
         }
         last_t = t;
-        engine
+        replayer
             .set_time(t)
             .with_context(|| format!("{events_name}:{n}"))?;
         match event {
             Event::Request(req) => {
                 // `ip` is the peer, as for /v1/decide and the middleware.
-                let req = req.with_client_behind(engine.trusted_proxies());
-                serde_json::to_writer(&mut *out, &engine.request(&t_raw, &req))?;
+                let req = req.with_client_behind(replayer.trusted_proxies());
+                let verdict = replayer.request(&req).await;
+                let line = Line::request(&t_raw, &verdict, replayer.policy());
+                serde_json::to_writer(&mut *out, &line)?;
             }
             Event::Call {
                 limit,
@@ -89,8 +104,9 @@ fn replay(
                 count,
                 reserve,
             } => {
-                let line = engine
+                let line = replayer
                     .call(&t_raw, &limit, &key, count, reserve)
+                    .await
                     .with_context(|| format!("{events_name}:{n}"))?;
                 serde_json::to_writer(&mut *out, &line)?;
             }

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::io::Write;
 
 use serde::Serialize;
-use sluice_core::Outcome;
-use sluice_policy::{Mode, Policy, RuleHit, decode_key};
+use sluice_core::Decision;
+use sluice_engine::{Refusal, Verdict};
+use sluice_policy::{Enforcement, Policy, decode_key};
 
 const TOP_KEYS: usize = 5;
 
@@ -33,12 +34,12 @@ struct RuleTotals {
 }
 
 impl RuleTotals {
-    fn new(name: &str, mode: Mode) -> Self {
+    fn new(name: &str, mode: Enforcement) -> Self {
         RuleTotals {
             name: name.to_owned(),
             mode: match mode {
-                Mode::Enforce => "enforce",
-                Mode::Shadow => "shadow",
+                Enforcement::Enforce => "enforce",
+                Enforcement::Shadow => "shadow",
             },
             ..RuleTotals::default()
         }
@@ -112,38 +113,39 @@ impl Summary {
         }
     }
 
-    fn rule(&mut self, hit: &RuleHit<'_>) -> Option<&mut RuleTotals> {
-        let i = *self.rule_index.get(hit.rule.name())?;
+    fn rule(&mut self, name: &str) -> Option<&mut RuleTotals> {
+        let i = *self.rule_index.get(name)?;
         self.rules.get_mut(i)
     }
 
-    pub(crate) fn shadow(&mut self, hit: &RuleHit<'_>, allowed: bool) {
-        if let Some(r) = self.rule(hit) {
-            r.record(&hit.key, allowed, !allowed, hit.cost);
-        }
-    }
-
-    pub(crate) fn enforced(&mut self, hits: &[RuleHit<'_>], outcome: &Outcome) {
-        for (hit, d) in hits.iter().zip(&outcome.decisions) {
-            if let Some(r) = self.rule(hit) {
-                r.record(&hit.key, outcome.allowed, !d.allowed, hit.cost);
+    /// Counts a request's verdict: each shadow rule's result, each enforced
+    /// rule's part in it, and the request itself.
+    pub(crate) fn verdict(&mut self, v: &Verdict) {
+        for s in &v.shadow {
+            if let Some(r) = self.rule(&s.rule) {
+                r.record(&s.key, s.allowed, !s.allowed, s.cost);
             }
         }
-    }
-
-    pub(crate) fn refused(&mut self, hit: &RuleHit<'_>) {
-        if let Some(r) = self.rule(hit) {
+        if let Some((rule, Refusal::Cost(_))) = &v.refusal
+            && let Some(r) = self.rule(rule)
+        {
             r.hits += 1;
             r.refused += 1;
         }
+        for d in &v.rules {
+            if let Some(r) = self.rule(&d.rule) {
+                r.record(&d.key, v.allowed, !d.decision.allowed, d.cost);
+            }
+        }
+        self.event(v.allowed, v.matched());
     }
 
-    pub(crate) fn call(&mut self, name: &str, key: &str, cost: f64, outcome: &Outcome) {
+    pub(crate) fn call(&mut self, name: &str, key: &str, cost: f64, d: &Decision) {
         let Some(&i) = self.limit_index.get(name) else {
             return;
         };
-        if let (Some(r), Some(d)) = (self.limits.get_mut(i), outcome.decisions.first()) {
-            r.record(key, outcome.allowed, !d.allowed, cost);
+        if let Some(r) = self.limits.get_mut(i) {
+            r.record(key, d.allowed, !d.allowed, cost);
         }
     }
 

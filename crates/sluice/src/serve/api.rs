@@ -20,7 +20,8 @@ use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Clock, Decision, Mode, Store, StoreError, SystemClock};
-use sluice_http::{Enforcer, PROBLEM_JSON, Problem, Verdict, Verified, denial, rate_limit_headers};
+use sluice_engine::{Enforcer, Verdict};
+use sluice_http::{PROBLEM_JSON, Problem, denial, rate_limit_headers};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
@@ -509,8 +510,7 @@ async fn decide<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body:
     }
     // `ip` is the peer the request came from, as a socket reports it.
     .with_client_behind(policy.trusted_proxies());
-    // Claims only from a token the policy's keys verify, as the middleware.
-    let verdict = s.enforcer.check(&Verified::new(&parts, &policy)).await;
+    let verdict = s.enforcer.enforce(&policy, &parts).await;
     decided(&verdict)
 }
 
@@ -540,7 +540,7 @@ fn decided(v: &Verdict) -> Response {
         remaining: d.map(|d| d.decision.remaining),
         retry_after: v.retry_after,
         reset: d.map(|d| d.decision.reset),
-        shadow_denied: v.shadow_denied.clone(),
+        shadow_denied: v.shadow_denied().map(str::to_owned).collect(),
         error: error.filter(|_| v.refusal.is_some()),
         headers,
     };

@@ -15,7 +15,7 @@ use anyhow::Context;
 use http::Request;
 use hyper::body::Incoming;
 use sluice_core::Clock;
-use sluice_http::Enforcer;
+use sluice_engine::Enforcer;
 use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::ServiceExt;

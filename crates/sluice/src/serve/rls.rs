@@ -21,8 +21,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use sluice_core::{Algorithm, Clock, Decision, Outcome};
-use sluice_http::{PROBLEM_JSON, Verdict, denial, rate_limit_headers};
-use sluice_policy::{Mode as RuleMode, Rule, RuleHit};
+use sluice_engine::Verdict;
+use sluice_http::{PROBLEM_JSON, denial, rate_limit_headers};
+use sluice_policy::{Enforcement, Rule, RuleHit};
 use tonic::{Request, Response, Status};
 
 use super::AppState;
@@ -203,7 +204,7 @@ fn response(
     let enforced: Vec<(usize, &Rule)> = hits
         .iter()
         .zip(owner)
-        .filter(|(h, _)| h.rule.mode() == RuleMode::Enforce)
+        .filter(|(h, _)| h.rule.mode() == Enforcement::Enforce)
         .map(|(h, &i)| (i, h.rule))
         .collect();
     let refused = verdict.refusal.as_ref().map(|(rule, _)| rule.as_str());

@@ -6,7 +6,7 @@
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use sluice_core::{MemoryStore, Mode};
-use sluice_http::Enforcer;
+use sluice_engine::Enforcer;
 use sluice_policy::{Policy, RequestParts};
 
 const POLICY: &str = r#"
@@ -57,10 +57,10 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
         let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
         // enforced: allowed, then denied twice; trial: allowed twice, then
         // denied (a shadow rule is consulted even when an enforced one denies).
-        for _ in 0..3 {
-            rt.block_on(enforcer.check(&req));
-        }
         let policy = enforcer.policy();
+        for _ in 0..3 {
+            rt.block_on(enforcer.enforce(&policy, &req));
+        }
         let send = policy.named_limit("send").unwrap();
         for _ in 0..3 {
             rt.block_on(enforcer.decide_named(send, "alice", 1.0, Mode::CONSUME))

@@ -1,106 +1,16 @@
-//! The decision behind every front end: a policy's rules applied to one
-//! request against one store, with shadow rules, missing keys and store
-//! failures handled the same way for the middleware, the proxy, the
-//! decision API and Envoy.
+//! The [`Enforcer`]: a policy and a store, deciding requests and calls.
 
-use std::collections::HashMap;
-use std::sync::{Arc, OnceLock, RwLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use arc_swap::ArcSwap;
-use metrics::{Counter, Histogram};
-use sluice_core::{Decision, Mode, OnError, Op, Outcome, Store, StoreError};
-use sluice_policy::{Mode as RuleMode, NamedLimit, OnStoreError, Policy, Request, Rule, RuleHit};
+use parking_lot::Mutex;
+use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Store, StoreError};
+use sluice_policy::{Enforcement, NamedLimit, Policy, Request, Rule, RuleHit};
 
-/// One enforced rule's part in a verdict.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RuleDecision {
-    /// The rule's name.
-    pub rule: String,
-    /// The request's key under the rule: who the decision is about.
-    pub key: String,
-    /// What the rule decided.
-    pub decision: Decision,
-    /// The rule's quota window in seconds: the fixed window's period, or the
-    /// time a token bucket takes to refill from empty.
-    pub window: f64,
-}
-
-/// Why a request was denied without the store having a say.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Refusal {
-    /// A key part was missing under `on_missing: deny`.
-    MissingKey,
-    /// The request's cost can never be admitted by the rule.
-    Cost(String),
-    /// The store failed and a rule fails closed.
-    StoreFailed(String),
-}
-
-/// What the policy says about one request.
-///
-/// ```
-/// use sluice_http::Verdict;
-/// let v = Verdict::default();
-/// assert!(v.allowed && v.deciding().is_none() && v.retry_after.is_none());
-/// ```
-#[derive(Debug, Clone, PartialEq)]
-pub struct Verdict {
-    /// Whether the request may proceed (shadow rules never stop it).
-    pub allowed: bool,
-    /// Every enforced rule that applied, in policy order.
-    pub rules: Vec<RuleDecision>,
-    /// Which of `rules` speaks for the verdict (see [`Outcome::deciding`]).
-    pub deciding: Option<usize>,
-    /// The wait before the request could pass: the largest among the rules.
-    pub retry_after: Option<f64>,
-    /// The rule that refused the request outright, and why.
-    pub refusal: Option<(String, Refusal)>,
-    /// Shadow rules that would have denied the request.
-    pub shadow_denied: Vec<String>,
-}
-
-impl Default for Verdict {
-    /// No rule applied: allowed.
-    fn default() -> Self {
-        Verdict {
-            allowed: true,
-            rules: Vec::new(),
-            deciding: None,
-            retry_after: None,
-            refusal: None,
-            shadow_denied: Vec::new(),
-        }
-    }
-}
-
-impl Verdict {
-    /// The rule decision that speaks for the verdict.
-    ///
-    /// ```
-    /// use sluice_http::Verdict;
-    /// assert!(Verdict::default().deciding().is_none());
-    /// ```
-    pub fn deciding(&self) -> Option<&RuleDecision> {
-        self.deciding.and_then(|i| self.rules.get(i))
-    }
-
-    /// The name of the rule that denied the request, if it was denied.
-    ///
-    /// ```
-    /// use sluice_http::Verdict;
-    /// assert_eq!(Verdict::default().denied_by(), None);
-    /// ```
-    pub fn denied_by(&self) -> Option<&str> {
-        if self.allowed {
-            return None;
-        }
-        match &self.refusal {
-            Some((rule, _)) => Some(rule),
-            None => self.deciding().map(|d| d.rule.as_str()),
-        }
-    }
-}
+use crate::meters::Meters;
+use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
+use crate::verified::Verified;
 
 /// A policy and a store: decides requests, and takes a new policy at any
 /// time without a pause (a reload swaps it atomically).
@@ -112,7 +22,7 @@ impl Verdict {
 ///
 /// ```
 /// use sluice_core::MemoryStore;
-/// use sluice_http::Enforcer;
+/// use sluice_engine::Enforcer;
 /// use sluice_policy::{Policy, RequestParts};
 /// let policy = Policy::from_str(r#"
 /// rules:
@@ -124,76 +34,18 @@ impl Verdict {
 /// let enforcer = Enforcer::new(policy, MemoryStore::new());
 /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
 /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-/// assert!(rt.block_on(enforcer.check(&req)).allowed);
-/// let second = rt.block_on(enforcer.check(&req));
+/// let policy = enforcer.policy();
+/// assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
+/// let second = rt.block_on(enforcer.enforce(&policy, &req));
 /// assert_eq!(second.denied_by(), Some("per-ip"));
 /// ```
 pub struct Enforcer<S> {
     policy: ArcSwap<Policy>,
     store: S,
     meters: Meters,
-}
-
-/// The metric handles decisions record into, made on first use and then
-/// kept: making a labelled handle costs an allocation and a registry lookup,
-/// a large share of a decision on the memory store. So a metrics recorder
-/// must be installed before the first decision, as it is at start-up.
-#[derive(Default)]
-struct Meters {
-    /// `sluice_decisions_total` by rule: allowed and denied when enforced,
-    /// then allowed and denied in shadow mode. Each is registered when first
-    /// counted, since an exporter lists every registered series, at 0 too,
-    /// and an enforced rule has no business in the shadow series.
-    decisions: RwLock<HashMap<Box<str>, [OnceLock<Counter>; 4]>>,
-    /// `sluice_store_seconds` of rules' transactions.
-    transact: OnceLock<Histogram>,
-    /// `sluice_store_seconds` of named limits' decisions.
-    decide: OnceLock<Histogram>,
-    /// Failed store calls, logged a line per interval.
-    errors: crate::store_errors::StoreErrorLog,
-}
-
-/// The `sluice_decisions_total` series of `rule` at index `i` of
-/// [`Meters::decisions`].
-fn decision_counter(rule: &str, i: usize) -> Counter {
-    let outcome = if i.is_multiple_of(2) {
-        "allowed"
-    } else {
-        "denied"
-    };
-    let mode = if i < 2 { "enforce" } else { "shadow" };
-    metrics::counter!("sluice_decisions_total", "rule" => rule.to_owned(), "outcome" => outcome, "mode" => mode)
-}
-
-impl Meters {
-    fn count(&self, rule: &str, mode: RuleMode, allowed: bool) {
-        let i = usize::from(!allowed) + 2 * usize::from(mode == RuleMode::Shadow);
-        let bump = |counters: &[OnceLock<Counter>; 4]| {
-            counters[i]
-                .get_or_init(|| decision_counter(rule, i))
-                .increment(1);
-        };
-        if let Ok(m) = self.decisions.read()
-            && let Some(counters) = m.get(rule)
-        {
-            return bump(counters);
-        }
-        match self.decisions.write() {
-            Ok(mut m) => bump(m.entry(rule.into()).or_default()),
-            // Poisoned: count without keeping the handle.
-            Err(_) => decision_counter(rule, i).increment(1),
-        }
-    }
-
-    fn transact(&self) -> &Histogram {
-        self.transact
-            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "transact"))
-    }
-
-    fn decide(&self) -> &Histogram {
-        self.decide
-            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "decide"))
-    }
+    /// Where hot-key shard choices come from when they must repeat (replay);
+    /// `None` draws them at random.
+    picks: Option<Mutex<fastrand::Rng>>,
 }
 
 impl<S: Store> Enforcer<S> {
@@ -201,7 +53,7 @@ impl<S: Store> Enforcer<S> {
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
     /// assert!(e.policy().rules().is_empty());
@@ -211,14 +63,42 @@ impl<S: Store> Enforcer<S> {
             policy: ArcSwap::from_pointee(policy),
             store,
             meters: Meters::default(),
+            picks: None,
         }
     }
 
-    /// The policy in force.
+    /// The same enforcer, choosing hot-key shards from a generator seeded
+    /// with `seed`, so that a run repeats exactly (`replay --seed`).
+    ///
+    /// ```
+    /// # use sluice_core::{FakeClock, MemoryStore, Nanos};
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::{Policy, RequestParts};
+    /// let yaml = "rules: [{name: r, limit_keys: [header:k], algorithm: token_bucket, algorithm_config: {rps: 1, burst: 8, shards: 4}}]";
+    /// let run = || {
+    ///     let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
+    ///     let e = Enforcer::new(Policy::from_str(yaml, "p").unwrap(), store).with_seed(7);
+    ///     let req = RequestParts::new("GET", "/").with_header("k", "v");
+    ///     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    ///     let policy = e.policy();
+    ///     (0..6).map(|_| rt.block_on(e.enforce(&policy, &req)).rules[0].decision.remaining).collect::<Vec<_>>()
+    /// };
+    /// assert_eq!(run(), run());
+    /// ```
+    #[must_use]
+    pub fn with_seed(self, seed: u64) -> Self {
+        Enforcer {
+            picks: Some(Mutex::new(fastrand::Rng::with_seed(seed))),
+            ..self
+        }
+    }
+
+    /// The policy in force: a snapshot that a reload does not change. Decide
+    /// a request with the same snapshot its view was built with.
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
     /// assert!(e.policy().limits().is_empty());
@@ -231,7 +111,7 @@ impl<S: Store> Enforcer<S> {
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
     /// e.replace(Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap());
@@ -245,13 +125,23 @@ impl<S: Store> Enforcer<S> {
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
     /// assert!(e.store().is_empty());
     /// ```
     pub fn store(&self) -> &S {
         &self.store
+    }
+
+    /// An operation on `limit`, its shard choice drawn from the seeded
+    /// generator when there is one.
+    fn op<'k>(&self, limit: &'k Limit, key: &'k str, cost: f64) -> Op<'k> {
+        let op = Op::new(limit, key, cost);
+        match &self.picks {
+            Some(rng) => op.with_pick(rng.lock().u64(..)),
+            None => op,
+        }
     }
 
     /// Decides a call of `cost` on `key` of the named limit `named` in
@@ -266,8 +156,8 @@ impl<S: Store> Enforcer<S> {
     /// `sluice_store_errors_total`. An impossible cost is always an error.
     ///
     /// ```
-    /// # use sluice_core::{MemoryStore, Mode, Op};
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_core::{MemoryStore, Mode};
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let policy = Policy::from_str("limits: {send: {algorithm: token_bucket, algorithm_config: {rps: 1, burst: 1}}}", "p").unwrap();
     /// let e = Enforcer::new(policy, MemoryStore::new());
@@ -285,7 +175,7 @@ impl<S: Store> Enforcer<S> {
         cost: f64,
         mode: Mode,
     ) -> Result<Decision, StoreError> {
-        let op = Op::new(named.limit(), key, cost);
+        let op = self.op(named.limit(), key, cost);
         let started = Instant::now();
         let result = self.store.decide(op, mode).await;
         self.meters.decide().record(started.elapsed().as_secs_f64());
@@ -294,23 +184,26 @@ impl<S: Store> Enforcer<S> {
             Err(StoreError::Cost(e)) => return Err(StoreError::Cost(e)),
             Err(e) => {
                 self.store_failed(&e, [(named.name(), named.on_store_error())]);
-                let on_error = match named.on_store_error() {
-                    OnStoreError::Open => OnError::Open,
-                    OnStoreError::Closed => return Err(e),
-                };
-                on_error.outcome(&[op]).decisions[0]
+                if named.on_store_error() == OnStoreError::Closed {
+                    return Err(e);
+                }
+                OnStoreError::Open.outcome(&[op]).decisions[0]
             }
         };
         self.meters
-            .count(named.name(), RuleMode::Enforce, decision.allowed);
+            .count(named.name(), Enforcement::Enforce, decision.allowed);
         Ok(decision)
     }
 
-    /// Applies the policy's HTTP rules (those without a `domain`) to `req`,
-    /// consuming from every rule that applies.
-    pub async fn check<R: Request + ?Sized>(&self, req: &R) -> Verdict {
-        let policy = self.policy();
-        let hits: Vec<RuleHit<'_>> = policy.matching(req).collect();
+    /// Applies `policy`'s HTTP rules (those without a `domain`) to `req`,
+    /// consuming from every enforced rule that applies when all of them
+    /// admit it. Rules see JWT claims only from a token that `policy`'s keys
+    /// verify (see [`Verified`]). `policy` is the snapshot `req` was viewed
+    /// through (its trusted proxies), so that a reload in between cannot mix
+    /// two policies in one decision.
+    pub async fn enforce<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
+        let req = Verified::new(req, policy);
+        let hits: Vec<RuleHit<'_>> = policy.matching(&req).collect();
         self.decide(&hits).await
     }
 
@@ -319,7 +212,7 @@ impl<S: Store> Enforcer<S> {
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_http::Enforcer;
+    /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::{Policy, RequestParts};
     /// let policy = Policy::from_str("rules: [{name: r, domain: edge, limit_keys: ['descriptor:k'], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
     /// let e = Enforcer::new(policy, MemoryStore::new());
@@ -333,22 +226,17 @@ impl<S: Store> Enforcer<S> {
         let mut verdict = Verdict::default();
         let (enforce, shadow): (Vec<&RuleHit<'_>>, Vec<&RuleHit<'_>>) = hits
             .iter()
-            .partition(|h| h.rule.mode() == RuleMode::Enforce);
+            .partition(|h| h.rule.mode() == Enforcement::Enforce);
 
         for hit in shadow {
-            let allowed = if hit.missing {
-                false
-            } else {
-                let op = Op::new(hit.rule.limit(), &hit.key, hit.cost);
-                match self.transact(&[op], &[hit.rule]).await {
-                    Ok(out) => out.allowed,
-                    Err(_) => true,
-                }
-            };
+            let allowed = !hit.missing && self.shadow(hit).await;
             self.count(hit.rule, allowed);
-            if !allowed {
-                verdict.shadow_denied.push(hit.rule.name().to_owned());
-            }
+            verdict.shadow.push(ShadowDecision {
+                rule: hit.rule.name().to_owned(),
+                key: hit.key.clone(),
+                cost: hit.cost,
+                allowed,
+            });
         }
 
         if let Some(hit) = enforce.iter().find(|h| h.missing) {
@@ -362,7 +250,7 @@ impl<S: Store> Enforcer<S> {
         }
         let ops: Vec<Op<'_>> = enforce
             .iter()
-            .map(|h| Op::new(h.rule.limit(), &h.key, h.cost))
+            .map(|h| self.op(h.rule.limit(), &h.key, h.cost))
             .collect();
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
         let outcome = match self.transact(&ops, &rules).await {
@@ -380,16 +268,13 @@ impl<S: Store> Enforcer<S> {
                 let closed = rules
                     .iter()
                     .find(|r| r.on_store_error() == OnStoreError::Closed);
-                let on_error = if closed.is_some() {
-                    OnError::Closed
-                } else {
-                    OnError::Open
-                };
                 if let Some(rule) = closed {
                     verdict.refusal =
                         Some((rule.name().to_owned(), Refusal::StoreFailed(e.to_string())));
+                    OnStoreError::Closed.outcome(&ops)
+                } else {
+                    OnStoreError::Open.outcome(&ops)
                 }
-                on_error.outcome(&ops)
             }
         };
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
@@ -397,6 +282,7 @@ impl<S: Store> Enforcer<S> {
             verdict.rules.push(RuleDecision {
                 rule: hit.rule.name().to_owned(),
                 key: hit.key.clone(),
+                cost: hit.cost,
                 decision: *d,
                 window: window(hit.rule),
             });
@@ -405,6 +291,18 @@ impl<S: Store> Enforcer<S> {
         verdict.deciding = outcome.deciding();
         verdict.retry_after = outcome.retry_after();
         verdict
+    }
+
+    /// Whether a shadow rule would have admitted its hit, enforced alone: a
+    /// cost it can never admit would deny, and a failed store call answers
+    /// as the rule's `on_store_error` says.
+    async fn shadow(&self, hit: &RuleHit<'_>) -> bool {
+        let op = self.op(hit.rule.limit(), &hit.key, hit.cost);
+        match self.transact(&[op], &[hit.rule]).await {
+            Ok(out) => out.allowed,
+            Err(StoreError::Cost(_)) => false,
+            Err(_) => hit.rule.on_store_error() == OnStoreError::Open,
+        }
     }
 
     fn count(&self, rule: &Rule, allowed: bool) {

@@ -1,0 +1,44 @@
+//! The one Sluice decision. Every front end — the tower middleware, the
+//! reverse proxy, `serve`'s HTTP API and Envoy RLS, and `replay` — hands a
+//! request (or a named-limit call) to an [`Enforcer`] and gets back a
+//! [`Verdict`]: allowed or not, each enforced rule's decision, the shadow
+//! rules' results, and why a request was refused outright. How a verdict is
+//! told to a client (headers, a 429 body, a gRPC status, a replay line) is
+//! each front end's business; what the verdict is, is decided only here.
+//!
+//! A crate of its own, not a module of `sluice-policy` or `sluice-http`:
+//! the policy crate parses and matches and knows no store, and the HTTP
+//! crate speaks HTTP, which replay and Envoy RLS do not. The engine needs
+//! both a policy and a [`Store`](sluice_core::Store), and nothing of any
+//! protocol.
+//!
+//! ```
+//! use sluice_core::MemoryStore;
+//! use sluice_engine::Enforcer;
+//! use sluice_policy::{Policy, RequestParts};
+//! let policy = Policy::from_str(r#"
+//! rules:
+//!   - name: per-ip
+//!     limit_keys: [ip:address]
+//!     algorithm: token_bucket
+//!     algorithm_config: {rps: 1, burst: 1}
+//! "#, "policy.yaml").unwrap();
+//! let enforcer = Enforcer::new(policy, MemoryStore::new());
+//! let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+//! let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+//! // One snapshot of the policy for the whole decision, even if a reload
+//! // puts another in force meanwhile.
+//! let policy = enforcer.policy();
+//! assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
+//! assert_eq!(rt.block_on(enforcer.enforce(&policy, &req)).denied_by(), Some("per-ip"));
+//! ```
+
+mod enforcer;
+mod meters;
+mod store_errors;
+mod verdict;
+mod verified;
+
+pub use enforcer::Enforcer;
+pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
+pub use verified::Verified;
