@@ -3,6 +3,31 @@
 //! [`Enforcer`] of `sluice-engine`, which every front end decides with,
 //! decided.
 //!
+//! A policy built in code: every client address gets 20 requests a second
+//! with bursts of 50, and `/api/` is also limited per API key.
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use sluice_http::RateLimitLayer;
+//! use sluice_policy::{Condition, LimitKey, Policy, Rule};
+//! let policy = Policy::builder()
+//!     .rule(Rule::builder("per-ip").key(LimitKey::IpAddress).token_bucket(20.0, 50.0))
+//!     .rule(
+//!         Rule::builder("per-api-key")
+//!             .key(LimitKey::Header("x-api-key".into()))
+//!             .when(Condition::PathPrefix("/api/".into()))
+//!             .token_bucket(10.0, 20.0),
+//!     )
+//!     .build()?;
+//! let app: Router = Router::new()
+//!     .route("/api/items", get(|| async { "[]" }))
+//!     .layer(RateLimitLayer::in_memory(policy));
+//! # Ok::<(), sluice_policy::PolicyError>(())
+//! ```
+//!
+//! The same from a policy file, with the enforcer shared (with a reloader,
+//! or another layer):
+//!
 //! ```
 //! use std::sync::Arc;
 //! use axum::{Router, routing::get};

@@ -63,6 +63,28 @@ impl Condition {
         }
     }
 
+    /// The condition as a `match` entry: its key and value, as
+    /// [`Condition::parse`] reads them.
+    ///
+    /// ```
+    /// use sluice_policy::Condition;
+    /// let c = Condition::Header("x-tier".into(), "free".into());
+    /// assert_eq!(c.entry(), ("header:x-tier".to_owned(), "free"));
+    /// assert_eq!(Condition::parse("header:x-tier", "free".into()), Ok(c));
+    /// ```
+    pub fn entry(&self) -> (String, &str) {
+        match self {
+            Condition::Path(p) => ("path".into(), p),
+            Condition::PathPrefix(p) => ("path_prefix".into(), p),
+            Condition::Method(m) => ("method".into(), m),
+            Condition::Host(h) => ("host".into(), h),
+            Condition::Header(n, v) => (format!("header:{n}"), v),
+            Condition::Query(n, v) => (format!("query:{n}"), v),
+            Condition::Jwt(n, v) => (format!("jwt:{n}"), v),
+            Condition::Descriptor(n, v) => (format!("descriptor:{n}"), v),
+        }
+    }
+
     /// Whether `req` satisfies the condition.
     ///
     /// ```

@@ -22,6 +22,7 @@
 //! # Ok::<(), sluice_policy::PolicyError>(())
 //! ```
 
+mod builder;
 mod client_ip;
 mod compile;
 mod condition;
@@ -37,6 +38,7 @@ mod schema;
 mod secs;
 mod settings;
 
+pub use builder::{PolicyBuilder, RuleBuilder};
 pub use client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
 pub use condition::Condition;
 pub use error::{PolicyError, PolicyWarning};

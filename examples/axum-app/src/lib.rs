@@ -1,7 +1,8 @@
 //! An axum service behind Sluice's [`RateLimitLayer`]: every route shares
 //! the per-address rule, and `/search` is also charged per API key by the
 //! cost its caller declares. `main.rs` serves it; the tests drive it with
-//! `oneshot`.
+//! `oneshot`. [`policy_in_code`] builds a policy in Rust instead of YAML,
+//! for [`api`].
 
 use std::sync::Arc;
 
@@ -9,7 +10,7 @@ use axum::Router;
 use axum::routing::get;
 use sluice_core::Store;
 use sluice_http::{Enforcer, RateLimitLayer};
-use sluice_policy::Policy;
+use sluice_policy::{Condition, LimitKey, Policy, PolicyError, Rule};
 
 /// The example's policy, compiled into the binary so it runs from anywhere.
 pub const POLICY: &str = include_str!("../policy.yaml");
@@ -19,7 +20,7 @@ pub const POLICY: &str = include_str!("../policy.yaml");
 /// ```
 /// assert_eq!(axum_app::policy().unwrap().rules().len(), 2);
 /// ```
-pub fn policy() -> Result<Policy, sluice_policy::PolicyError> {
+pub fn policy() -> Result<Policy, PolicyError> {
     Policy::from_str(POLICY, "examples/axum-app/policy.yaml")
 }
 
@@ -40,4 +41,42 @@ pub fn app<S: Store + Send + Sync + 'static>(enforcer: Arc<Enforcer<S>>) -> Rout
             get(|| async { axum::Json(serde_json::json!({"results": []})) }),
         )
         .layer(RateLimitLayer::new(enforcer))
+}
+
+/// A policy built in code, no YAML: every client address gets 20 requests a
+/// second with bursts of 50, and `/api/` is also limited to 10 a second
+/// (bursts of 20) per API key.
+///
+/// ```
+/// let policy = axum_app::policy_in_code().unwrap();
+/// assert_eq!(policy.rules()[1].name(), "per-api-key");
+/// ```
+pub fn policy_in_code() -> Result<Policy, PolicyError> {
+    Policy::builder()
+        .rule(
+            Rule::builder("per-ip")
+                .key(LimitKey::IpAddress)
+                .token_bucket(20.0, 50.0),
+        )
+        .rule(
+            Rule::builder("per-api-key")
+                .key(LimitKey::Header("x-api-key".into()))
+                .when(Condition::PathPrefix("/api/".into()))
+                .token_bucket(10.0, 20.0),
+        )
+        .build()
+}
+
+/// An API whose routes `enforcer` limits: wrap any router the same way.
+///
+/// ```
+/// use axum_app::{api, policy_in_code};
+/// use sluice_http::RateLimitLayer;
+/// let _router = api().layer(RateLimitLayer::in_memory(policy_in_code().unwrap()));
+/// ```
+pub fn api() -> Router {
+    Router::new().route("/", get(|| async { "hello\n" })).route(
+        "/api/items",
+        get(|| async { axum::Json(serde_json::json!([])) }),
+    )
 }

@@ -78,3 +78,55 @@ async fn searches_pay_their_declared_cost_per_key() {
         .unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test]
+async fn a_policy_built_in_code_limits_each_address_and_each_api_key() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone());
+    let enforcer = Arc::new(Enforcer::new(axum_app::policy_in_code().unwrap(), store));
+    let app = axum_app::api().layer(sluice_http::RateLimitLayer::new(enforcer));
+    let with_key = |key: &str, from: &str| {
+        let mut req = get("/api/items", from);
+        req.headers_mut().insert("x-api-key", key.parse().unwrap());
+        req
+    };
+    // One API key from many addresses: 20 calls, then the key's rule denies.
+    for i in 0..20 {
+        let res = app
+            .clone()
+            .oneshot(with_key("k1", &format!("192.0.2.{i}")))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "call {i}");
+    }
+    let res = app
+        .clone()
+        .oneshot(with_key("k1", "192.0.2.99"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["rule"], "per-api-key");
+    // Another key is untouched; outside /api/ no key is needed.
+    let res = app
+        .clone()
+        .oneshot(with_key("k2", "192.0.2.99"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    // One address: a burst of 50 (one already spent), then 429 from per-ip.
+    for i in 1..50 {
+        let res = app.clone().oneshot(get("/", "192.0.2.99")).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "request {i}");
+    }
+    let res = app.clone().oneshot(get("/", "192.0.2.99")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let body = res.into_body().collect().await.unwrap().to_bytes();
+    let problem: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(problem["rule"], "per-ip");
+    // At 20 a second, 50 ms brings one token back.
+    clock.advance(Duration::from_millis(50));
+    let res = app.clone().oneshot(get("/", "192.0.2.99")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+}

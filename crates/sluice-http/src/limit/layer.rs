@@ -2,6 +2,8 @@
 
 use std::sync::Arc;
 
+use sluice_core::MemoryStore;
+use sluice_policy::Policy;
 use tower_layer::Layer;
 
 use super::RateLimit;
@@ -31,11 +33,37 @@ pub struct RateLimitLayer<St> {
     enforcer: Arc<Enforcer<St>>,
 }
 
+impl RateLimitLayer<MemoryStore> {
+    /// A layer deciding `policy` on an in-memory store of its own: the
+    /// usual start for one process.
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use sluice_http::RateLimitLayer;
+    /// use sluice_policy::{LimitKey, Policy, Rule};
+    /// let policy = Policy::builder()
+    ///     .rule(Rule::builder("per-ip").key(LimitKey::IpAddress).token_bucket(20.0, 50.0))
+    ///     .build()
+    ///     .unwrap();
+    /// let layer = RateLimitLayer::in_memory(policy);
+    /// assert_eq!(layer.enforcer().policy().rules().len(), 1);
+    /// let app: Router = Router::new().route("/", get(|| async { "hello" })).layer(layer);
+    /// ```
+    pub fn in_memory(policy: Policy) -> Self {
+        RateLimitLayer::new(Arc::new(Enforcer::new(policy, MemoryStore::new())))
+    }
+}
+
 impl<St> RateLimitLayer<St> {
     /// A layer deciding with `enforcer`, which may be shared with other
     /// layers, servers and reloaders.
     pub fn new(enforcer: Arc<Enforcer<St>>) -> Self {
         RateLimitLayer { enforcer }
+    }
+
+    /// The enforcer deciding, to reload its policy or read its store.
+    pub fn enforcer(&self) -> &Arc<Enforcer<St>> {
+        &self.enforcer
     }
 }
 
