@@ -83,6 +83,15 @@ fn bench_json(args: &[&str]) -> (serde_json::Value, String) {
     (json, stderr)
 }
 
+/// Runs a quiet bench of `kind` against `target` for `duration` seconds,
+/// with no warm-up and the other flags in `rest`, and returns its result.
+fn quick_json(kind: &str, target: &str, duration: &str, rest: &[&str]) -> serde_json::Value {
+    let mut args = vec![kind, "--target", target, "--duration", duration];
+    args.extend_from_slice(&["--warmup", "0", "--json", "--quiet"]);
+    args.extend_from_slice(rest);
+    bench_json(&args).0
+}
+
 fn count(j: &serde_json::Value, outcome: &str) -> u64 {
     j["outcomes"][outcome]
         .as_u64()
@@ -185,21 +194,7 @@ fn http_against_serve_counts_429s() {
     let target = http.to_string();
     // Three keys with a burst of two each: six calls are admitted, the rest
     // of the second is refused. No warm-up, or it would spend the bursts.
-    let (j, _) = bench_json(&[
-        "http",
-        "--target",
-        &target,
-        "--concurrency",
-        "4",
-        "--duration",
-        "1",
-        "--warmup",
-        "0",
-        "--keys",
-        "3",
-        "--json",
-        "--quiet",
-    ]);
+    let j = quick_json("http", &target, "1", &["--concurrency", "4", "--keys", "3"]);
     let requests = j["requests"].as_u64().unwrap();
     let (ok, denied) = (count(&j, "status_2xx"), count(&j, "status_429"));
     assert!(ok > 0 && ok <= 6, "{j}");
@@ -215,29 +210,25 @@ fn grpc_against_serve_counts_over_limit() {
     // The rule applies only to descriptors carrying tenant=acme, keyed on
     // the user entry: if either entry or the hits were lost on the way, no
     // call would ever be over.
-    let (j, _) = bench_json(&[
+    let j = quick_json(
         "grpc",
-        "--target",
         &target,
-        "--concurrency",
-        "4",
-        "--connections",
-        "2",
-        "--duration",
         "1",
-        "--warmup",
-        "0",
-        "--keys",
-        "3",
-        "--descriptor",
-        "tenant=acme",
-        "--descriptor",
-        "user={key}",
-        "--hits",
-        "2",
-        "--json",
-        "--quiet",
-    ]);
+        &[
+            "--concurrency",
+            "4",
+            "--connections",
+            "2",
+            "--keys",
+            "3",
+            "--descriptor",
+            "tenant=acme",
+            "--descriptor",
+            "user={key}",
+            "--hits",
+            "2",
+        ],
+    );
     let requests = j["requests"].as_u64().unwrap();
     let (ok, over) = (count(&j, "ok"), count(&j, "over_limit"));
     // Burst 2 and 2 hits a call: one call per key is admitted.
@@ -294,19 +285,7 @@ fn connections_the_server_closes_are_replaced_without_errors() {
         }
     });
     let target = addr.to_string();
-    let (j, _) = bench_json(&[
-        "http",
-        "--target",
-        &target,
-        "-c",
-        "2",
-        "--duration",
-        "0.5",
-        "--warmup",
-        "0",
-        "--json",
-        "--quiet",
-    ]);
+    let j = quick_json("http", &target, "0.5", &["-c", "2"]);
     let requests = j["requests"].as_u64().unwrap();
     assert!(requests > 0, "{j}");
     assert_eq!(count(&j, "status_2xx"), requests, "{j}");
@@ -323,21 +302,7 @@ fn a_server_that_never_answers_times_out_and_the_run_still_ends_on_time() {
     });
     let target = addr.to_string();
     let started = Instant::now();
-    let (j, _) = bench_json(&[
-        "http",
-        "--target",
-        &target,
-        "-c",
-        "2",
-        "--duration",
-        "1",
-        "--warmup",
-        "0",
-        "--timeout",
-        "0.2",
-        "--json",
-        "--quiet",
-    ]);
+    let j = quick_json("http", &target, "1", &["-c", "2", "--timeout", "0.2"]);
     assert!(started.elapsed() < Duration::from_secs(5), "{j}");
     assert!(count(&j, "transport_errors") >= 2, "{j}");
     assert_eq!(count(&j, "status_2xx"), 0, "{j}");
