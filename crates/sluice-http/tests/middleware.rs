@@ -218,22 +218,32 @@ async fn a_spoofed_forwarded_for_from_an_untrusted_peer_changes_nothing() {
     let clock = FakeClock::new(Nanos::ZERO);
     let app = app(&clock);
     // An attacker rotates X-Forwarded-For to get fresh buckets.
-    for i in 0..3 {
-        let spoof = format!("198.51.100.{i}");
-        let res = send(
-            &app,
+    assert_eq!(
+        three(&app, |i| {
+            let spoof = format!("198.51.100.{i}");
             req("/ip", "203.0.113.7")
                 .header("x-forwarded-for", &spoof)
-                .header("forwarded", format!("for={spoof}")),
-        )
-        .await;
-        let want = if i < 2 {
-            StatusCode::OK
-        } else {
-            StatusCode::TOO_MANY_REQUESTS
-        };
-        assert_eq!(res.status(), want, "request {i}");
+                .header("forwarded", format!("for={spoof}"))
+        })
+        .await,
+        BURST_OF_TWO
+    );
+}
+
+/// What three requests from one client get under a burst of two.
+const BURST_OF_TWO: [StatusCode; 3] = [
+    StatusCode::OK,
+    StatusCode::OK,
+    StatusCode::TOO_MANY_REQUESTS,
+];
+
+/// The statuses of three requests, the `i`th made by `make(i)`.
+async fn three(app: &Router, make: impl Fn(usize) -> http::request::Builder) -> Vec<StatusCode> {
+    let mut statuses = Vec::new();
+    for i in 0..3 {
+        statuses.push(send(app, make(i)).await.status());
     }
+    statuses
 }
 
 #[tokio::test]
@@ -241,68 +251,52 @@ async fn a_trusted_proxy_forwards_its_clients_addresses() {
     let clock = FakeClock::new(Nanos::ZERO);
     let app = app(&clock);
     // Behind the proxy 10.0.0.1, each client has its own bucket...
-    for i in 0..3 {
-        let res = send(
-            &app,
-            req("/ip", "10.0.0.1").header("x-forwarded-for", format!("198.51.100.{i}, 10.0.0.2")),
-        )
-        .await;
-        assert_eq!(res.status(), StatusCode::OK, "client {i}");
-    }
+    assert_eq!(
+        three(&app, |i| {
+            req("/ip", "10.0.0.1").header("x-forwarded-for", format!("198.51.100.{i}, 10.0.0.2"))
+        })
+        .await,
+        [StatusCode::OK; 3]
+    );
     // ...and the client's own left-most claim does not move it.
-    for i in 0..3 {
-        let res = send(
-            &app,
-            req("/ip", "10.0.0.1").header("x-forwarded-for", format!("1.1.1.{i}, 198.51.100.9")),
-        )
-        .await;
-        let want = if i < 2 {
-            StatusCode::OK
-        } else {
-            StatusCode::TOO_MANY_REQUESTS
-        };
-        assert_eq!(res.status(), want, "request {i}");
-    }
+    assert_eq!(
+        three(&app, |i| {
+            req("/ip", "10.0.0.1").header("x-forwarded-for", format!("1.1.1.{i}, 198.51.100.9"))
+        })
+        .await,
+        BURST_OF_TWO
+    );
 }
 
 #[tokio::test]
 async fn a_client_behind_a_trusted_proxy_cannot_pick_its_key_with_the_other_header() {
     let clock = FakeClock::new(Nanos::ZERO);
     let app = app(&clock);
-    let want = |i: usize| {
-        if i < 2 {
-            StatusCode::OK
-        } else {
-            StatusCode::TOO_MANY_REQUESTS
-        }
-    };
     // The proxy appends to X-Forwarded-For; the client rotates a Forwarded
     // of its own, which the proxy passes on untouched.
-    for i in 0..3 {
-        let res = send(
-            &app,
+    assert_eq!(
+        three(&app, |i| {
             req("/ip", "10.0.0.1")
                 .header("x-forwarded-for", "198.51.100.20")
-                .header("forwarded", format!("for=192.0.2.{i}")),
-        )
-        .await;
-        assert_eq!(res.status(), want(i), "request {i}");
-    }
+                .header("forwarded", format!("for=192.0.2.{i}"))
+        })
+        .await,
+        BURST_OF_TWO
+    );
     // A byte that is not text, ahead of the entry a proxy appended, spoils
     // only the client's own entry: the line is not dropped, so the client's
     // rotating X-Forwarded-For does not take over (the two disagree, and the
     // requests count against the proxy, 10.0.0.5).
     let forwarded = http::HeaderValue::from_bytes(b"for=\xff, for=198.51.100.30").unwrap();
-    for i in 0..3 {
-        let res = send(
-            &app,
+    assert_eq!(
+        three(&app, |i| {
             req("/ip", "10.0.0.5")
                 .header("forwarded", forwarded.clone())
-                .header("x-forwarded-for", format!("192.0.2.{i}")),
-        )
-        .await;
-        assert_eq!(res.status(), want(i), "request {i}");
-    }
+                .header("x-forwarded-for", format!("192.0.2.{i}"))
+        })
+        .await,
+        BURST_OF_TWO
+    );
 }
 
 fn token(claims: serde_json::Value, secret: &str) -> String {
