@@ -121,28 +121,72 @@ fn rule_with(rest: &str) -> String {
 
 #[test]
 fn unknown_limit_key_kind() {
-    let text = rule_with("    limit_keys:\n      - ip:address\n      - cookie:session\n");
-    assert_err(&text, 7, 9, "unknown limit key `cookie:session`");
-    let text = rule_with("    limit_keys: [ip:address, 'jwt:']\n");
-    assert_err(&text, 5, 30, "a name is missing after `jwt:`");
-    let text = rule_with("    limit_keys: ['descriptor:']\n");
-    assert_err(&text, 5, 18, "a name is missing after `descriptor:`");
-    let text = rule_with("    limit_keys: [ip:port]\n");
-    assert_err(&text, 5, 18, "unknown limit key `ip:port`");
-    let text = rule_with("    limit_keys: ['header:']\n");
-    assert_err(&text, 5, 18, "header name is missing");
-    let text = rule_with("    limit_keys: ['header:x api']\n");
-    assert_err(&text, 5, 18, "not a valid header name");
+    for (rest, line, column, message) in [
+        (
+            "    limit_keys:\n      - ip:address\n      - cookie:session\n",
+            7,
+            9,
+            "unknown limit key `cookie:session`",
+        ),
+        (
+            "    limit_keys: [ip:address, 'jwt:']\n",
+            5,
+            30,
+            "a name is missing after `jwt:`",
+        ),
+        (
+            "    limit_keys: ['descriptor:']\n",
+            5,
+            18,
+            "a name is missing after `descriptor:`",
+        ),
+        (
+            "    limit_keys: [ip:port]\n",
+            5,
+            18,
+            "unknown limit key `ip:port`",
+        ),
+        (
+            "    limit_keys: ['header:']\n",
+            5,
+            18,
+            "header name is missing",
+        ),
+        (
+            "    limit_keys: ['header:x api']\n",
+            5,
+            18,
+            "not a valid header name",
+        ),
+    ] {
+        assert_err(&rule_with(rest), line, column, message);
+    }
 }
 
 #[test]
 fn unknown_match_condition() {
-    let text = rule_with("    limit_keys: []\n    match:\n      path: /a\n      cookie:x: y\n");
-    assert_err(&text, 8, 7, "unknown match condition `cookie:x`");
-    let text = rule_with("    limit_keys: []\n    match: {'jwt:': x}\n");
-    assert_err(&text, 6, 13, "a name is missing after `jwt:`");
-    let text = rule_with("    limit_keys: []\n    match: {'descriptor:': x}\n");
-    assert_err(&text, 6, 13, "a name is missing after `descriptor:`");
+    for (rest, line, column, message) in [
+        (
+            "    limit_keys: []\n    match:\n      path: /a\n      cookie:x: y\n",
+            8,
+            7,
+            "unknown match condition `cookie:x`",
+        ),
+        (
+            "    limit_keys: []\n    match: {'jwt:': x}\n",
+            6,
+            13,
+            "a name is missing after `jwt:`",
+        ),
+        (
+            "    limit_keys: []\n    match: {'descriptor:': x}\n",
+            6,
+            13,
+            "a name is missing after `descriptor:`",
+        ),
+    ] {
+        assert_err(&rule_with(rest), line, column, message);
+    }
 }
 
 #[test]
