@@ -229,6 +229,14 @@ impl RuleBuilder {
         self
     }
 
+    /// Puts the rule in `group`: of a group's rules, only the first whose
+    /// conditions hold applies to a request (tiers).
+    #[must_use]
+    pub fn group(mut self, group: impl Into<String>) -> Self {
+        self.doc.insert("group".into(), Value::from(group.into()));
+        self
+    }
+
     /// Whether the rule denies or only reports (`mode`).
     #[must_use]
     pub fn mode(mut self, mode: Enforcement) -> Self {

@@ -68,11 +68,14 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
             on_store_error: limit.value.on_store_error.unwrap_or(policy.on_store_error),
         });
     }
+    let mut named_at = Vec::new();
     for rule in raw.rules.unwrap_or_default() {
         claim(&mut names, &rule.value.name, "rule")?;
+        named_at.push(Pos::from(&rule.value.name));
         let compiled = compile_rule(rule.value, &policy, &mut warnings)?;
         policy.rules.push(compiled);
     }
+    warn_of_ungrouped_tiers(&policy.rules, &named_at, &mut warnings);
     warnings.sort_by_key(|w| w.pos);
     Ok((policy, warnings))
 }
@@ -190,7 +193,40 @@ fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Res
             Some(d) if d.value.is_empty() => return Err(at(&d, "a domain must not be empty")),
             d => d.map(|d| d.value),
         },
+        group: match r.group {
+            Some(g) if g.value.is_empty() => return Err(at(&g, "a group must not be empty")),
+            g => g.map(|g| g.value),
+        },
     })
+}
+
+/// Warns of the usual tier mistake: a rule with a `match` followed by a
+/// catch-all rule on the same keys, neither in a group. Both apply to the
+/// first rule's requests, so the catch-all's smaller limit caps them too.
+fn warn_of_ungrouped_tiers(rules: &[Rule], named_at: &[Pos], warnings: &mut Vec<Invalid>) {
+    let loose = |r: &Rule| r.group.is_none() && r.mode == crate::Enforcement::Enforce;
+    for (j, catch_all) in rules.iter().enumerate() {
+        if !loose(catch_all) || !catch_all.conditions.is_empty() {
+            continue;
+        }
+        let tier = rules[..j].iter().find(|r| {
+            loose(r)
+                && !r.conditions.is_empty()
+                && r.keys == catch_all.keys
+                && r.domain == catch_all.domain
+        });
+        if let (Some(tier), Some(pos)) = (tier, named_at.get(j)) {
+            warnings.push(at(
+                *pos,
+                format!(
+                    "rule `{}` has no `match` and the same limit_keys as rule `{}` above,                      so it also limits every request that `{}` matches; if they are tiers,                      give both the same `group`, and only the first that matches applies",
+                    catch_all.name(),
+                    tier.name(),
+                    tier.name()
+                ),
+            ));
+        }
+    }
 }
 
 fn needs_jwt(what: &str) -> String {

@@ -36,7 +36,8 @@ pub struct RuleHit<'p> {
 
 impl Policy {
     /// Every rule whose conditions hold and whose key parts are all present in
-    /// `req`, in file order.
+    /// `req`, in file order; of the rules of one `group`, only the first
+    /// whose conditions hold (see [`Rule::group`]).
     ///
     /// ```
     /// use sluice_policy::{Policy, RequestParts};
@@ -90,10 +91,23 @@ impl Policy {
         domain: Option<&'a str>,
         req: &'a R,
     ) -> impl Iterator<Item = RuleHit<'a>> + 'a {
+        // The groups whose rule for this request has been found.
+        let mut taken: Vec<&'a str> = Vec::new();
         self.rules()
             .iter()
             .enumerate()
-            .filter(move |(_, rule)| rule.domain() == domain && rule.matches(req))
+            .filter(move |(_, rule)| rule.domain() == domain)
+            .filter(move |(_, rule)| {
+                let group = rule.group();
+                if group.is_some_and(|g| taken.contains(&g)) {
+                    return false;
+                }
+                let holds = rule.matches(req);
+                if let (true, Some(g)) = (holds, group) {
+                    taken.push(g);
+                }
+                holds
+            })
             .filter_map(|(index, rule)| {
                 let (key, missing) = match rule.key(req) {
                     Some(key) => (key, false),

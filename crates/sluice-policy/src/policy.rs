@@ -143,6 +143,7 @@ pub struct Rule {
     pub(crate) on_store_error: OnStoreError,
     pub(crate) on_missing: OnMissing,
     pub(crate) domain: Option<String>,
+    pub(crate) group: Option<String>,
 }
 
 impl Rule {
@@ -247,6 +248,27 @@ impl Rule {
     /// ```
     pub fn domain(&self) -> Option<&str> {
         self.domain.as_deref()
+    }
+
+    /// The group the rule belongs to: of a group's rules, only the first in
+    /// file order whose `match` holds applies to a request (tiers).
+    ///
+    /// ```
+    /// use sluice_policy::{Policy, RequestParts};
+    /// let p = Policy::from_str(r#"
+    /// rules:
+    ///   - {name: gold, group: tier, limit_keys: [], match: {"header:x-plan": gold}, algorithm: token_bucket, algorithm_config: {rps: 100}}
+    ///   - {name: free, group: tier, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}
+    /// "#, "p").unwrap();
+    /// assert_eq!(p.rules()[0].group(), Some("tier"));
+    /// let gold = RequestParts::new("GET", "/").with_header("x-plan", "gold");
+    /// let applied: Vec<_> = p.matching(&gold).map(|h| h.rule.name()).collect();
+    /// assert_eq!(applied, ["gold"]);
+    /// let other = RequestParts::new("GET", "/");
+    /// assert_eq!(p.matching(&other).map(|h| h.rule.name()).collect::<Vec<_>>(), ["free"]);
+    /// ```
+    pub fn group(&self) -> Option<&str> {
+        self.group.as_deref()
     }
 
     /// Whether all of the rule's conditions hold for `req`.

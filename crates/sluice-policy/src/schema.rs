@@ -73,6 +73,7 @@ pub(crate) struct RawRule {
     pub(crate) on_store_error: Option<OnStoreError>,
     pub(crate) on_missing: Option<OnMissing>,
     pub(crate) domain: Option<Spanned<String>>,
+    pub(crate) group: Option<Spanned<String>>,
 }
 
 #[derive(Debug, Deserialize)]

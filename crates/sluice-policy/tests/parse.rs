@@ -369,3 +369,67 @@ fn compact_json_and_empty_sections() {
     assert!(p.limits().is_empty());
     assert!(p.rules()[0].conditions().is_empty());
 }
+
+#[test]
+fn a_catch_all_after_a_matching_rule_on_the_same_keys_warns_of_the_tier_mistake() {
+    let tiers = |group: &str| {
+        format!(
+            "rules:\n\
+             \x20 - name: gold\n{group}\
+             \x20   limit_keys: [\"header:x-api-key\"]\n\
+             \x20   match: {{\"header:x-plan\": gold}}\n\
+             \x20   algorithm: token_bucket\n\
+             \x20   algorithm_config: {{rps: 100}}\n\
+             \x20 - name: free\n{group}\
+             \x20   limit_keys: [\"header:x-api-key\"]\n\
+             \x20   algorithm: token_bucket\n\
+             \x20   algorithm_config: {{rps: 1}}\n"
+        )
+    };
+    let p = Policy::from_str(&tiers(""), "p.yaml").unwrap();
+    let w: Vec<_> = p
+        .warnings()
+        .iter()
+        .filter(|w| w.message.contains("group"))
+        .collect();
+    assert_eq!(w.len(), 1, "{:?}", p.warnings());
+    // At the catch-all's name, naming both rules.
+    assert_eq!((w[0].line, w[0].column), (7, 11), "{}", w[0]);
+    assert!(
+        w[0].message.contains("`free`") && w[0].message.contains("`gold`"),
+        "{}",
+        w[0]
+    );
+
+    let p = Policy::from_str(&tiers("    group: tier\n"), "p.yaml").unwrap();
+    assert!(
+        p.warnings().iter().all(|w| !w.message.contains("group")),
+        "{:?}",
+        p.warnings()
+    );
+}
+
+#[test]
+fn of_a_group_only_the_first_rule_whose_match_holds_applies() {
+    let p = Policy::from_str(
+        r#"
+rules:
+  - {name: gold, group: tier, limit_keys: [], match: {"header:x-plan": gold}, algorithm: token_bucket, algorithm_config: {rps: 100}}
+  - {name: silver, group: tier, limit_keys: [], match: {"header:x-plan": silver}, algorithm: token_bucket, algorithm_config: {rps: 10}}
+  - {name: free, group: tier, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}
+  - {name: everyone, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1000}}
+  - {name: per-path, group: paths, limit_keys: [path], algorithm: token_bucket, algorithm_config: {rps: 5}}
+"#,
+        "p.yaml",
+    )
+    .unwrap();
+    let applied = |plan: &str| {
+        let req = RequestParts::new("GET", "/").with_header("x-plan", plan);
+        p.matching(&req)
+            .map(|h| h.rule.name().to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(applied("gold"), ["gold", "everyone", "per-path"]);
+    assert_eq!(applied("silver"), ["silver", "everyone", "per-path"]);
+    assert_eq!(applied("bronze"), ["free", "everyone", "per-path"]);
+}
