@@ -35,6 +35,7 @@
 //! body timeout, a 408; all as `application/problem+json`.
 
 mod admin;
+mod body;
 mod forward;
 mod pool;
 mod upstream;

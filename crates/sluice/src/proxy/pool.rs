@@ -25,7 +25,7 @@ use hyper::client::conn::http1::{self, SendRequest};
 use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
-use super::forward::SentBody;
+use super::body::SentBody;
 
 /// How long an idle upstream connection stays in the pool. Shorter than
 /// the usual upstream keep-alive timeouts would only cost reconnects; the
