@@ -7,12 +7,13 @@ use std::process::ExitCode;
 mod bench;
 pub mod cli;
 mod duration;
+mod flags;
 pub mod listen;
 mod numbers;
 pub mod proxy;
-mod reload;
 mod replay;
 pub mod serve;
+mod server;
 mod validate;
 
 /// Runs one command line.

@@ -1,11 +1,19 @@
 //! `sluice validate`: load each policy and report what is wrong with it.
 
 use std::io::Write;
+use std::path::PathBuf;
 use std::process::ExitCode;
 
+use clap::Args;
 use sluice_policy::Policy;
 
-use crate::cli::ValidateArgs;
+/// Arguments of `sluice validate`.
+#[derive(Debug, Args)]
+pub(crate) struct ValidateArgs {
+    /// Policy files (YAML or JSON).
+    #[arg(required = true, env = "SLUICE_POLICY", value_delimiter = ',')]
+    pub(crate) files: Vec<PathBuf>,
+}
 
 pub(crate) fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
     let mut out = std::io::stdout().lock();

@@ -11,12 +11,12 @@ use axum::response::Response;
 use axum::routing::get;
 use sluice_engine::Enforcer;
 
-use crate::serve::{AnyStore, Metrics, api};
+use crate::server::{AnyStore, Metrics, metrics_page, readiness};
 
-/// What the admin endpoints look at.
+/// What the admin endpoints look at, and where a policy reload goes.
 pub(crate) struct Admin {
     pub(crate) enforcer: Arc<Enforcer<AnyStore>>,
-    pub(crate) reload_error: Arc<ArcSwapOption<String>>,
+    pub(crate) reload_error: ArcSwapOption<String>,
     pub(crate) metrics: Option<Metrics>,
 }
 
@@ -29,9 +29,9 @@ pub(crate) fn router(admin: Arc<Admin>) -> Router {
 }
 
 async fn metrics(State(s): State<Arc<Admin>>) -> Response {
-    api::metrics_page(s.metrics.as_ref(), s.enforcer.store())
+    metrics_page(s.metrics.as_ref(), s.enforcer.store())
 }
 
 async fn readyz(State(s): State<Arc<Admin>>) -> Response {
-    api::readiness(s.enforcer.store(), &s.reload_error)
+    readiness(s.enforcer.store(), &s.reload_error)
 }

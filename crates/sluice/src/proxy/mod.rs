@@ -41,7 +41,6 @@ mod pool;
 mod upstream;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -57,16 +56,17 @@ use tower::{Layer, ServiceExt};
 
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
+use crate::flags::{PolicyFile, StoreFlag};
 use crate::listen::{Limits, Listener};
-use crate::serve::{AnyStore, Metrics};
+use crate::server::{Loaded, Metrics, Stop};
 
 /// Arguments of `sluice proxy`.
 #[derive(Debug, Args)]
+#[command(mut_arg("policy", |policy| policy
+    .help("The policy whose rules are enforced; reloaded when the file changes and on SIGHUP")))]
 pub struct ProxyArgs {
-    /// The policy whose rules are enforced; reloaded when the file changes
-    /// and on SIGHUP.
-    #[arg(long, short, env = "SLUICE_POLICY")]
-    pub(crate) policy: PathBuf,
+    #[command(flatten)]
+    pub(crate) policy: PolicyFile,
     /// The upstream every admitted request goes to, as `http://host:port`,
     /// optionally with a base path (`http://host:port/api`).
     #[arg(long, env = "SLUICE_UPSTREAM")]
@@ -74,9 +74,8 @@ pub struct ProxyArgs {
     /// Where the proxy listens.
     #[arg(long, default_value = "127.0.0.1:8000", env = "SLUICE_LISTEN")]
     pub(crate) listen: SocketAddr,
-    /// The store, overriding the policy's: `memory`, or a Redis URL.
-    #[arg(long, env = "SLUICE_STORE")]
-    pub(crate) store: Option<String>,
+    #[command(flatten)]
+    pub(crate) store: StoreFlag,
     /// How long the upstream has to start its response once the request is
     /// sent (and to accept a connection), e.g. `30s`, `500ms`, `2m`; past
     /// it the client gets a 504.
@@ -96,7 +95,7 @@ pub struct ProxyArgs {
 }
 
 pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
-    crate::serve::init_logs();
+    crate::server::init_logs();
     // A client connection may hold an upstream connection, and an admin
     // listener has its own cap.
     let per_connection = 2 + usize::from(args.admin.is_some());
@@ -107,36 +106,24 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let upstream = Upstream::parse(&args.upstream)?
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
-    let path = args.policy;
-    let (policy, text) = crate::reload::load(&path)?;
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let store = AnyStore::open(args.store.as_deref(), policy.store())?;
-        // What a reloaded policy's `store` is compared with.
-        let running = args.store.is_none().then(|| policy.store().clone());
-        let enforcer = Arc::new(Enforcer::new(policy, store));
-        let reload_error = Arc::new(arc_swap::ArcSwapOption::empty());
-        {
-            let enforcer = Arc::clone(&enforcer);
-            let reload_error = Arc::clone(&reload_error);
-            tokio::spawn(crate::reload::watch(path, text, move |path, text| {
-                crate::reload::reload(path, text, &enforcer, &reload_error, running.as_ref());
-            }));
-        }
+    let loaded = Loaded::read(&args.policy.path)?;
+    crate::server::runtime()?.block_on(async move {
+        let (enforcer, reloads) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
-        let metrics = Metrics::global();
+        let status = Arc::new(admin::Admin {
+            enforcer: Arc::new(enforcer),
+            reload_error: arc_swap::ArcSwapOption::empty(),
+            metrics: Metrics::global(),
+        });
+        let reloaded = Arc::clone(&status);
+        reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = TcpListener::bind(args.listen)
             .await
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let listener = Listener::new(listener, "proxy", &args.limits);
 
         // One stop for every listener: the first signal drains them all.
-        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
-        let stopped = move |mut rx: tokio::sync::watch::Receiver<bool>| async move {
-            let _ = rx.wait_for(|s| *s).await;
-        };
+        let stop = Stop::on_signal();
         let admin = match args.admin {
             Some(addr) => {
                 let admin_listener = TcpListener::bind(addr)
@@ -144,27 +131,22 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
                     .with_context(|| format!("cannot listen on {addr} (admin)"))?;
                 tracing::info!(addr = %admin_listener.local_addr()?, "admin endpoints");
                 let admin_listener = Listener::new(admin_listener, "admin", &args.limits);
-                let state = Arc::new(admin::Admin {
-                    enforcer: Arc::clone(&enforcer),
-                    reload_error,
-                    metrics,
-                });
-                let router = admin::router(state);
+                let router = admin::router(Arc::clone(&status));
                 let per_connection =
                     move |_| hyper_util::service::TowerToHyperService::new(router.clone());
-                let stop = stopped(stop_rx.clone());
                 Some(tokio::spawn(crate::listen::serve_connections(
                     admin_listener,
                     per_connection,
-                    stop,
+                    stop.stopped(),
                 )))
             }
             None => None,
         };
         tracing::info!(addr = %listener.local_addr()?, %upstream, "proxying");
-        let server = tokio::spawn(proxy(listener, enforcer, upstream, stopped(stop_rx)));
+        let enforcer = Arc::clone(&status.enforcer);
+        let server = tokio::spawn(proxy(listener, enforcer, upstream, stop.stopped()));
 
-        shutdown_then(stop_tx).await;
+        stop.stopped().await;
         // Requests in flight may finish until the shutdown timeout; a second
         // signal cuts them short.
         let drain = async {
@@ -175,17 +157,12 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         };
         tokio::select! {
             () = drain => {}
-            () = crate::serve::shutdown_signal() => {
+            () = crate::server::shutdown_signal() => {
                 tracing::warn!("second signal: stopping without waiting for requests in flight");
             }
         }
         Ok(())
     })
-}
-
-async fn shutdown_then(stop: tokio::sync::watch::Sender<bool>) {
-    crate::serve::shutdown_signal().await;
-    let _ = stop.send(true);
 }
 
 /// Proxies connections accepted on `listener` to `upstream`, applying the

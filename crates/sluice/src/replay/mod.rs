@@ -12,22 +12,47 @@ mod summary;
 
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
+use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
+use clap::Args;
 use sluice_policy::Policy;
 
-use crate::cli::ReplayArgs;
+use crate::flags::PolicyFile;
 use event::Event;
 use line::Line;
 use replayer::Replayer;
 use sluice_core::Store;
 
+/// Arguments of `sluice replay`.
+#[derive(Debug, Args)]
+pub(crate) struct ReplayArgs {
+    #[command(flatten)]
+    pub(crate) policy: PolicyFile,
+    /// Events as JSON Lines sorted by `t`; `-` reads standard input.
+    #[arg(long, short, env = "SLUICE_EVENTS")]
+    pub(crate) events: PathBuf,
+    /// Write decisions here instead of standard output.
+    #[arg(long, short, env = "SLUICE_OUTPUT")]
+    pub(crate) output: Option<PathBuf>,
+    /// After the decisions, print per-rule totals: a JSON line
+    /// `{"summary": ...}` on the output and a table on standard error.
+    #[arg(long, env = "SLUICE_SUMMARY")]
+    pub(crate) summary: bool,
+    /// No progress lines on standard error.
+    #[arg(long, short, env = "SLUICE_QUIET")]
+    pub(crate) quiet: bool,
+    /// Seed for the shard choices of sharded limits, so runs repeat exactly.
+    #[arg(long, default_value_t = 0, env = "SLUICE_SEED")]
+    pub(crate) seed: u64,
+}
+
 /// How often, at most, a progress line is printed.
 const PROGRESS_EVERY: Duration = Duration::from_secs(2);
 
 pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
-    let policy = Policy::from_path(&args.policy)?;
+    let policy = Policy::from_path(&args.policy.path)?;
     let events_name = args.events.display().to_string();
     let input: Box<dyn BufRead> = if args.events.as_os_str() == "-" {
         Box::new(std::io::stdin().lock())

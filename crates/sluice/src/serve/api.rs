@@ -21,12 +21,11 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Clock, Decision, Mode, Store, StoreError, SystemClock};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{PROBLEM_JSON, Problem, denial, rate_limit_headers};
+use sluice_http::{denial, rate_limit_headers};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
-use super::metrics::Metrics;
-use super::store::AnyStore;
+use crate::server::{AnyStore, Metrics, metrics_page, problem, readiness};
 
 /// The largest request body accepted; a decision needs far less.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -172,13 +171,6 @@ fn router<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
             )
         })
         .with_state(state)
-}
-
-/// A problem-details response.
-pub(crate) fn problem(status: StatusCode, detail: String) -> Response {
-    let mut res = (status, Problem::new(status, detail).to_json()).into_response();
-    res.headers_mut().insert(header::CONTENT_TYPE, PROBLEM_JSON);
-    res
 }
 
 /// Reads a whole request body of at most [`MAX_BODY`] bytes. A body that
@@ -553,42 +545,4 @@ async fn metrics<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> R
 
 async fn readyz<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
     readiness(s.enforcer.store(), &s.reload_error)
-}
-
-/// The Prometheus exposition, with the store's key count brought up to date.
-pub(crate) fn metrics_page<C: Clock>(metrics: Option<&Metrics>, store: &AnyStore<C>) -> Response {
-    let Some(m) = metrics else {
-        return problem(StatusCode::NOT_FOUND, "metrics are not enabled".into());
-    };
-    if let Some(n) = store.keys_held() {
-        metrics::gauge!("sluice_keys").set(n as f64);
-    }
-    (
-        [(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("text/plain; version=0.0.4"),
-        )],
-        m.render(),
-    )
-        .into_response()
-}
-
-/// Ready when the store answers and the policy in force is the file's.
-pub(crate) fn readiness<C: Clock>(
-    store: &AnyStore<C>,
-    reload_error: &arc_swap::ArcSwapOption<String>,
-) -> Response {
-    if !store.is_ready() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the store is not answering".into(),
-        );
-    }
-    if let Some(e) = reload_error.load_full() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the last policy reload failed, the previous policy serves: {e}"),
-        );
-    }
-    "ready\n".into_response()
 }

@@ -2,66 +2,82 @@
 //! policy reloaded when its file changes or on SIGHUP, and a graceful stop
 //! on SIGTERM or Ctrl-C.
 
-pub(crate) mod api;
+mod api;
 mod body;
-mod metrics;
 mod rls;
-mod store;
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
+use clap::Args;
 use http::Request;
 use hyper::body::Incoming;
 use sluice_core::Clock;
-use sluice_engine::Enforcer;
 use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 pub use api::{Api, AppState, MAX_BODY, app};
-pub use metrics::Metrics;
 pub use rls::{Rls, serve_grpc};
-pub use store::AnyStore;
+// What an `AppState` is made of, so that one can be built from here alone.
+pub use crate::server::{AnyStore, Metrics};
 
-use crate::cli::ServeArgs;
-use crate::listen::Listener;
+use crate::flags::{PolicyFile, StoreFlag};
+use crate::listen::{Limits, Listener};
+use crate::server::{Loaded, Stop};
 
 /// The policy `sluice serve` runs without `--policy`.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml");
 
+/// Arguments of `sluice serve`.
+#[derive(Debug, Args)]
+#[command(mut_arg("policy", |policy| policy
+    .required(false)
+    .help("The policy; without one, the bundled example policy is served")))]
+pub(crate) struct ServeArgs {
+    #[command(flatten)]
+    pub(crate) policy: Option<PolicyFile>,
+    /// Where the HTTP decision API, /metrics, /healthz and /readyz listen.
+    #[arg(long, default_value = "127.0.0.1:8080", env = "SLUICE_HTTP")]
+    pub(crate) http: SocketAddr,
+    /// Where Envoy's rate limit service (gRPC, RLS v3) listens.
+    #[arg(long, default_value = "127.0.0.1:8081", env = "SLUICE_GRPC")]
+    pub(crate) grpc: SocketAddr,
+    #[command(flatten)]
+    pub(crate) store: StoreFlag,
+    /// The bearer token that admin endpoints (`/v1/reset`) require. Without
+    /// one they are disabled.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
+    /// How long a request body may take to arrive in full, e.g. `10s`; past
+    /// it the request gets a 408. For a gRPC call, how long the whole call
+    /// may take.
+    #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value = "10s", value_parser = crate::duration::parse)]
+    pub(crate) body_timeout: Duration,
+    #[command(flatten)]
+    pub(crate) limits: Limits,
+}
+
 pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
-    init_logs();
+    crate::server::init_logs();
     // Both listeners may be at their cap at once.
     args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
-    let (policy, text) = match &args.policy {
-        Some(path) => crate::reload::load(path)?,
-        None => (
-            Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?,
-            EXAMPLE_POLICY.to_owned(),
-        ),
+    let loaded = match &args.policy {
+        Some(file) => Loaded::read(&file.path)?,
+        None => Loaded::fixed(Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()?;
-    runtime.block_on(async move {
-        let store = AnyStore::open(args.store.as_deref(), policy.store())?;
-        // What a reloaded policy's `store` is compared with.
-        let running = args.store.is_none().then(|| policy.store().clone());
+    crate::server::runtime()?.block_on(async move {
+        let (enforcer, reloads) = loaded.enforce(&args.store)?;
         let state = Arc::new(AppState {
-            enforcer: Arc::new(Enforcer::new(policy, store)),
+            enforcer: Arc::new(enforcer),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),
         });
-        if let Some(path) = args.policy.clone() {
-            let state = Arc::clone(&state);
-            tokio::spawn(crate::reload::watch(path, text, move |path, text| {
-                let running = running.as_ref();
-                crate::reload::reload(path, text, &state.enforcer, &state.reload_error, running);
-            }));
-        }
+        let reloaded = Arc::clone(&state);
+        reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = TcpListener::bind(args.http)
             .await
             .with_context(|| format!("cannot listen on {}", args.http))?;
@@ -72,22 +88,16 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         tracing::info!(addr = %grpc.local_addr()?, "serving Envoy's rate limit service");
         let listener = Listener::new(listener, "http", &args.limits);
         let grpc = Listener::new(grpc, "grpc", &args.limits);
-        // One signal stops both servers; each lets its requests finish.
-        let (stop, stopped) = tokio::sync::watch::channel(());
-        let on_stop = move || {
-            let mut stopped = stopped.clone();
-            async move {
-                let _ = stopped.changed().await;
-            }
-        };
-        tokio::spawn(async move {
-            shutdown_signal().await;
-            let _ = stop.send(());
-        });
+        let stop = Stop::on_signal();
         // If either server fails, the other is dropped with it.
         tokio::try_join!(
-            serve(listener, Arc::clone(&state), args.body_timeout, on_stop()),
-            serve_grpc(grpc, state, args.body_timeout, on_stop()),
+            serve(
+                listener,
+                Arc::clone(&state),
+                args.body_timeout,
+                stop.stopped()
+            ),
+            serve_grpc(grpc, state, args.body_timeout, stop.stopped()),
         )
         .map(|_| ())
     })
@@ -112,36 +122,4 @@ pub async fn serve<C: Clock + Send + Sync + 'static>(
     };
     crate::listen::serve_connections(listener, per_connection, stop).await;
     Ok(())
-}
-
-pub(crate) fn init_logs() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    // A second initialisation (tests) is harmless; the first one stays.
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-pub(crate) async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {},
-        () = term => {},
-    }
-    tracing::info!("stopping: finishing requests in flight");
 }
