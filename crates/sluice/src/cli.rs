@@ -33,3 +33,51 @@ pub(crate) enum Command {
     /// decision (JSON) per event.
     Replay(ReplayArgs),
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::panic)]
+
+    use std::path::Path;
+
+    use clap::error::ErrorKind;
+
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Command, clap::Error> {
+        Cli::try_parse_from(std::iter::once("sluice").chain(args.iter().copied()))
+            .map(|c| c.command)
+    }
+
+    #[test]
+    fn serve_takes_the_shared_policy_flag_but_may_go_without_it() {
+        let Command::Serve(args) = parse(&["serve"]).unwrap() else {
+            panic!("not serve");
+        };
+        assert!(args.policy.is_none());
+        let Command::Serve(args) = parse(&["serve", "-p", "a.yaml", "--store", "memory"]).unwrap()
+        else {
+            panic!("not serve");
+        };
+        assert_eq!(args.policy.unwrap().path, Path::new("a.yaml"));
+        assert_eq!(args.store.choice.as_deref(), Some("memory"));
+    }
+
+    #[test]
+    fn proxy_and_replay_refuse_to_start_without_a_policy() {
+        for args in [
+            &["proxy", "--upstream", "http://u"][..],
+            &["replay", "-e", "-"],
+        ] {
+            let err = parse(args).unwrap_err();
+            assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{args:?}");
+        }
+        let Command::Proxy(args) =
+            parse(&["proxy", "--upstream", "http://u", "--policy", "b.yaml"]).unwrap()
+        else {
+            panic!("not proxy");
+        };
+        assert_eq!(args.policy.path, Path::new("b.yaml"));
+        assert!(args.store.choice.is_none());
+    }
+}

@@ -1,7 +1,8 @@
 //! Flags that several commands share, declared once so that each keeps one
-//! name, one environment variable and one description wherever it appears.
-//! A command takes them with `#[command(flatten)]`, as it takes
-//! [`crate::listen::Limits`].
+//! name, one environment variable and one type wherever it appears. A
+//! command takes them with `#[command(flatten)]`, as `serve` and `proxy`
+//! take the connection flags of `listen::Limits`; one whose use of a flag
+//! differs says so with `#[command(mut_arg(..))]`.
 
 use std::path::PathBuf;
 
