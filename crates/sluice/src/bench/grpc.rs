@@ -16,7 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use super::report::{Protocol, Tally};
 use super::template::{Template, key};
-use super::{Live, LoadArgs, Window};
+use super::{LoadArgs, Seat, Window};
 
 /// How long a worker waits after the channel reported the server
 /// unavailable, so that a server that is down is not hammered.
@@ -134,11 +134,10 @@ pub(super) async fn run(args: &GrpcArgs) -> anyhow::Result<()> {
             .with_context(|| format!("cannot connect to {} ({addr})", load.target.authority))?;
         channels.push(channel);
     }
-    let timeout = load.timeout.0;
     let window = Window::new(load);
-    let tally = super::drive(load, window, |i, live, tally| {
+    let tally = super::drive(load, window, |i, seat| {
         let client = RateLimitServiceClient::new(channels[i % channels.len()].clone());
-        worker(client, Arc::clone(&plan), window, timeout, live, tally)
+        worker(client, Arc::clone(&plan), seat)
     })
     .await?;
     super::print(
@@ -164,54 +163,47 @@ fn outcome(res: &RateLimitResponse) -> usize {
 async fn worker(
     mut client: RateLimitServiceClient<Channel>,
     plan: Arc<Plan>,
-    window: Window,
-    timeout: Duration,
-    live: Arc<Live>,
-    mut tally: Tally,
+    mut seat: Seat,
 ) -> Tally {
     let mut rng = fastrand::Rng::new();
-    loop {
-        let now = Instant::now();
-        if now >= window.end {
-            break;
-        }
-        let deadline = (now + timeout).min(window.end);
+    while let Some(deadline) = seat.deadline() {
         let req = plan.request(&mut rng);
         let t0 = Instant::now();
         let status = match timeout_at(deadline, client.should_rate_limit(req)).await {
             Ok(Ok(res)) => {
                 let t1 = Instant::now();
                 let o = outcome(res.get_ref());
-                if window.measures(t1) {
-                    tally.answer(o, t1 - t0);
+                if seat.window.measures(t1) {
+                    seat.tally.answer(o, t1 - t0);
                     if o >= 2 {
-                        tally.problem(&"answered overall_code UNKNOWN");
+                        seat.tally.problem(&"answered overall_code UNKNOWN");
                     }
                 }
-                live.add(o >= 2);
+                seat.live.add(o >= 2);
                 continue;
             }
             Ok(Err(status)) => status,
             Err(_) => {
                 // Abandoned at the end of the run, or an error after
-                // --timeout; the channel reconnects by itself.
-                if Instant::now() >= window.end {
+                // --seat.timeout; the channel reconnects by itself.
+                if Instant::now() >= seat.window.end {
                     break;
                 }
-                tonic::Status::deadline_exceeded(format!("no answer within {timeout:?}"))
+                tonic::Status::deadline_exceeded(format!("no answer within {:?}", seat.timeout))
             }
         };
-        if window.measures(Instant::now()) {
-            tally.error();
-            tally.problem(&format_args!("{:?}: {}", status.code(), status.message()));
+        if seat.window.measures(Instant::now()) {
+            seat.tally.error();
+            seat.tally
+                .problem(&format_args!("{:?}: {}", status.code(), status.message()));
         }
         let unavailable = status.code() == tonic::Code::Unavailable;
-        live.add(true);
+        seat.live.add(true);
         if unavailable {
-            sleep_until((Instant::now() + UNAVAILABLE_PAUSE).min(window.end)).await;
+            sleep_until((Instant::now() + UNAVAILABLE_PAUSE).min(seat.window.end)).await;
         }
     }
-    tally
+    seat.tally
 }
 
 #[cfg(test)]

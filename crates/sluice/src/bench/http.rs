@@ -20,7 +20,7 @@ use tokio::time::{Instant, Sleep, sleep_until, timeout_at};
 
 use super::report::{Protocol, Tally};
 use super::template::{Keyed, Template};
-use super::{Live, LoadArgs, Window};
+use super::{LoadArgs, Seat, Window};
 
 /// The body sent by default: one call of the example policy's limit, on a
 /// random key.
@@ -135,10 +135,9 @@ pub(super) async fn run(args: &HttpArgs) -> anyhow::Result<()> {
     connect(addr)
         .await
         .with_context(|| format!("cannot connect to {} ({addr})", load.target.authority))?;
-    let timeout = load.timeout.0;
     let window = Window::new(load);
-    let tally = super::drive(load, window, |_, live, tally| {
-        worker(Arc::clone(&plan), addr, window, timeout, live, tally)
+    let tally = super::drive(load, window, |_, seat| {
+        worker(Arc::clone(&plan), addr, seat)
     })
     .await?;
     let what = format!("{} {}", plan.method, args.path);
@@ -247,47 +246,28 @@ fn outcome(status: StatusCode) -> usize {
 }
 
 /// Sends requests back to back on one connection until the window ends.
-async fn worker(
-    plan: Arc<Plan>,
-    addr: SocketAddr,
-    window: Window,
-    timeout: Duration,
-    live: Arc<Live>,
-    mut tally: Tally,
-) -> Tally {
+async fn worker(plan: Arc<Plan>, addr: SocketAddr, mut seat: Seat) -> Tally {
     let mut rng = fastrand::Rng::new();
     let mut conn: Option<Conn> = None;
     // Fires no later than the end, so that a request stuck then is
     // abandoned on time.
-    let watchdog = sleep_until((window.start + timeout).min(window.end));
+    let watchdog = sleep_until((seat.window.start + seat.timeout).min(seat.window.end));
     let mut watchdog = pin!(watchdog);
-    let failed = |tally: &mut Tally, why: &dyn std::fmt::Display| {
-        if window.measures(Instant::now()) {
-            tally.error();
-            tally.problem(why);
-        }
-        live.add(true);
-    };
-    loop {
-        let now = Instant::now();
-        if now >= window.end {
-            break;
-        }
-        let deadline = (now + timeout).min(window.end);
+    while let Some(deadline) = seat.deadline() {
         let c = match conn.as_mut() {
             Some(c) => c,
             None => match timeout_at(deadline, connect(addr)).await {
                 Ok(Ok(c)) => conn.insert(c),
                 res => {
-                    if Instant::now() >= window.end {
+                    if Instant::now() >= seat.window.end {
                         break;
                     }
                     let why = match res {
                         Ok(Err(e)) => format!("cannot connect: {e:#}"),
                         _ => "cannot connect: timed out".to_owned(),
                     };
-                    failed(&mut tally, &why);
-                    sleep_until((Instant::now() + RECONNECT_PAUSE).min(window.end)).await;
+                    seat.failed(&why);
+                    sleep_until((Instant::now() + RECONNECT_PAUSE).min(seat.window.end)).await;
                     continue;
                 }
             },
@@ -295,7 +275,7 @@ async fn worker(
         let req = match plan.request(&mut rng) {
             Ok(req) => req,
             Err(e) => {
-                failed(&mut tally, &format_args!("cannot make a request: {e:#}"));
+                seat.failed(&format_args!("cannot make a request: {e:#}"));
                 continue;
             }
         };
@@ -308,33 +288,34 @@ async fn worker(
             Exchange::Answered(status) => {
                 let t1 = Instant::now();
                 let o = outcome(status);
-                if window.measures(t1) {
-                    tally.answer(o, t1 - t0);
+                if seat.window.measures(t1) {
+                    seat.tally.answer(o, t1 - t0);
                     if o >= 2 {
-                        tally.problem(&format_args!("answered {status}"));
+                        seat.tally.problem(&format_args!("answered {status}"));
                     }
                 }
-                live.add(o >= 2);
+                seat.live.add(o >= 2);
             }
             // Reconnects without counting an error: only requests fail.
             Exchange::Closed => conn = None,
             Exchange::Failed(e) => {
                 conn = None;
-                failed(&mut tally, &format_args!("{e:#}"));
+                seat.failed(&format_args!("{e:#}"));
             }
             Exchange::TimedOut => {
                 // A request still in flight when the run ends is abandoned,
-                // not counted; one that took longer than --timeout is an
+                // not counted; one that took longer than --seat.timeout is an
                 // error, and its connection is no longer usable.
                 conn = None;
-                if Instant::now() >= window.end {
+                if Instant::now() >= seat.window.end {
                     break;
                 }
-                failed(&mut tally, &format_args!("no answer within {timeout:?}"));
+                let why = format!("no answer within {:?}", seat.timeout);
+                seat.failed(&why);
             }
         }
     }
-    tally
+    seat.tally
 }
 
 #[cfg(test)]

@@ -263,18 +263,51 @@ impl Live {
     }
 }
 
-/// Runs `--concurrency` workers made by `worker` (given their index, their
-/// live counters and an empty tally to fill) to the end of `window`, with a
-/// progress line, then merges what they measured.
+/// What one worker runs with: the run's window, the time it gives each
+/// request, its live counters, and the empty tally it fills and returns.
+struct Seat {
+    window: Window,
+    timeout: Duration,
+    live: Arc<Live>,
+    tally: Tally,
+}
+
+impl Seat {
+    /// When the next request must be answered by, or `None` once the run
+    /// is over.
+    fn deadline(&self) -> Option<Instant> {
+        let now = Instant::now();
+        (now < self.window.end).then(|| (now + self.timeout).min(self.window.end))
+    }
+
+    /// Counts a request that failed before any answer, and why.
+    fn failed(&mut self, why: &dyn std::fmt::Display) {
+        if self.window.measures(Instant::now()) {
+            self.tally.error();
+            self.tally.problem(why);
+        }
+        self.live.add(true);
+    }
+}
+
+/// Runs `--concurrency` workers made by `worker` (given their index and
+/// their seat) to the end of `window`, with a progress line, then merges
+/// what they measured.
 async fn drive<F, Fut>(load: &LoadArgs, window: Window, mut worker: F) -> anyhow::Result<Tally>
 where
-    F: FnMut(usize, Arc<Live>, Tally) -> Fut,
+    F: FnMut(usize, Seat) -> Fut,
     Fut: Future<Output = Tally> + Send + 'static,
 {
     let lives: Vec<Arc<Live>> = (0..load.concurrency).map(|_| Arc::default()).collect();
     let mut handles = Vec::with_capacity(lives.len());
     for (i, live) in lives.iter().enumerate() {
-        handles.push(tokio::spawn(worker(i, Arc::clone(live), Tally::new()?)));
+        let seat = Seat {
+            window,
+            timeout: load.timeout.0,
+            live: Arc::clone(live),
+            tally: Tally::new()?,
+        };
+        handles.push(tokio::spawn(worker(i, seat)));
     }
     let progress = (!load.quiet).then(|| tokio::spawn(progress(window, lives.clone())));
     let cpu = tokio::spawn(client_cpu(window));
