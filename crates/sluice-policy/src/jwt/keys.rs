@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::fmt;
 use std::path::Path;
 
+use jsonwebtoken::jwk::{AlgorithmParameters, EllipticCurve, Jwk, KeyAlgorithm, PublicKeyUse};
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use serde_json::Value;
 use serde_saphyr::Spanned;
@@ -222,7 +223,7 @@ fn usable(alg: Algorithm, key: &DecodingKey) -> bool {
     match alg {
         // Converting to a JWK decodes the PKCS#1 public key (and fails for a
         // private key, which `from_rsa_pem` lets through).
-        Algorithm::RS256 => jsonwebtoken::jwk::Jwk::from_decoding_key(key, Some(alg)).is_ok(),
+        Algorithm::RS256 => Jwk::from_decoding_key(key, Some(alg)).is_ok(),
         // Building an ES256 verifier decodes the curve point; the signature
         // check itself failing is expected and fine.
         _ => jsonwebtoken::crypto::verify("", b"", key, alg).is_ok(),
@@ -235,40 +236,77 @@ fn usable(alg: Algorithm, key: &DecodingKey) -> bool {
 fn load_jwks(path: &Spanned<String>, base_dir: &Path) -> Result<Vec<VerifyKey>, JwtConfigError> {
     let bytes = read(path, base_dir)?;
     let fail = |why: String| JwtConfigError::at(path, format!("{}: {why}", path.value));
-    let doc: Value = serde_json::from_slice(&bytes).map_err(|e| fail(format!("not JSON ({e})")))?;
-    let Some(entries) = doc.get("keys").and_then(Value::as_array) else {
+    let mut doc: Value =
+        serde_json::from_slice(&bytes).map_err(|e| fail(format!("not JSON ({e})")))?;
+    // The entries stay JSON until each is read as a key on its own: reading
+    // the whole document as a `JwkSet` would refuse it for one entry that
+    // jsonwebtoken cannot read, and issuers add new kinds of keys over time.
+    let Some(Value::Array(entries)) = doc.get_mut("keys").map(Value::take) else {
         return Err(fail(
             "a JWKS document is an object with a `keys` array".to_owned(),
         ));
     };
     let mut keys = Vec::new();
-    for (n, jwk) in entries.iter().enumerate() {
-        let field = |name: &str| jwk.get(name).and_then(Value::as_str);
-        if field("use").is_some_and(|u| u != "sig") {
+    for (n, entry) in entries.into_iter().enumerate() {
+        // An entry that is no JWK jsonwebtoken can read is a kind of key we
+        // do not use, like those `signing_algorithm` passes over.
+        let Ok(jwk) = serde_json::from_value::<Jwk>(entry) else {
             continue;
-        }
-        let alg = match (field("kty"), field("crv"), field("alg")) {
-            (Some("RSA"), _, None | Some("RS256")) => Algorithm::RS256,
-            (Some("EC"), Some("P-256"), None | Some("ES256")) => Algorithm::ES256,
-            _ => continue,
         };
-        let name = field("kid").map_or_else(|| format!("key {n}"), |k| format!("key {k:?}"));
-        let key = match alg {
-            Algorithm::RS256 => field("n")
-                .zip(field("e"))
-                .and_then(|(n, e)| DecodingKey::from_rsa_components(n, e).ok()),
-            _ => field("x")
-                .zip(field("y"))
-                .and_then(|(x, y)| DecodingKey::from_ec_components(x, y).ok())
-                .filter(|k| usable(alg, k)),
-        }
-        .ok_or_else(|| fail(format!("{name} is not a valid {alg:?} public key")))?;
-        keys.push(VerifyKey::new(alg, field("kid").map(str::to_owned), key));
+        let Some(alg) = signing_algorithm(&jwk) else {
+            continue;
+        };
+        let kid = jwk.common.key_id.clone();
+        let key = DecodingKey::from_jwk(&jwk)
+            .ok()
+            .filter(|key| usable(alg, key))
+            .ok_or_else(|| {
+                let name = kid
+                    .as_ref()
+                    .map_or_else(|| format!("key {n}"), |k| format!("key {k:?}"));
+                fail(format!("{name} is not a valid {alg:?} public key"))
+            })?;
+        keys.push(VerifyKey::new(alg, kid, key));
     }
     if keys.is_empty() {
         return Err(fail("no RS256 or ES256 signing key in it".to_owned()));
     }
     Ok(keys)
+}
+
+/// The algorithm a JWKS entry is a signing key for, when it is one Sluice
+/// takes: an RSA key for RS256 or a P-256 key for ES256, whose `use` (if
+/// given) is `sig` and whose `alg` (if given) is that algorithm.
+fn signing_algorithm(jwk: &Jwk) -> Option<Algorithm> {
+    let common = &jwk.common;
+    if common
+        .public_key_use
+        .as_ref()
+        .is_some_and(|u| *u != PublicKeyUse::Signature)
+    {
+        return None;
+    }
+    let alg = match &jwk.algorithm {
+        AlgorithmParameters::RSA(_) => Algorithm::RS256,
+        AlgorithmParameters::EllipticCurve(p) if p.curve == EllipticCurve::P256 => Algorithm::ES256,
+        // jsonwebtoken reads an RSA or P-256 key that lacks a member it needs
+        // (or has one of the wrong type) as a key of unknown kind. It is still
+        // a key the issuer meant us to use, so it must fail the load rather
+        // than vanish.
+        AlgorithmParameters::Other(other) => {
+            let member = |name: &str| other.fields.get(name).and_then(Value::as_str);
+            match (member("kty"), member("crv")) {
+                (Some("RSA"), _) => Algorithm::RS256,
+                (Some("EC"), Some("P-256")) => Algorithm::ES256,
+                _ => return None,
+            }
+        }
+        _ => return None,
+    };
+    match common.key_algorithm {
+        None => Some(alg),
+        Some(named) => (named == KeyAlgorithm::from(alg)).then_some(alg),
+    }
 }
 
 #[cfg(test)]
@@ -438,5 +476,141 @@ mod tests {
         let (_, _, m) =
             e("{jwks_file: jwks.json, keys: [{alg: ES256, pem_file: ec.pub.pem, kid: ec-jwks}]}");
         assert!(m.contains("another key"), "{m}");
+    }
+
+    /// Loads a `jwt` section whose only keys are those of the JWKS `doc`.
+    fn load_jwks_doc(doc: &Value) -> Result<JwtVerifier, PolicyError> {
+        let tmp = tempfile::tempdir().unwrap();
+        std::fs::write(tmp.path().join("jwks.json"), doc.to_string()).unwrap();
+        JwtVerifier::from_str("jwks_file: jwks.json", tmp.path().join("p.yaml"))
+    }
+
+    /// The entry of the fixture JWKS document whose `kid` is `kid`.
+    fn fixture_jwk(kid: &str) -> Value {
+        let doc: Value = serde_json::from_slice(&fixture("jwks.json")).unwrap();
+        let keys = doc["keys"].as_array().unwrap();
+        keys.iter().find(|k| k["kid"] == kid).unwrap().clone()
+    }
+
+    /// An RS256 and an ES256 token signed with the private halves of the
+    /// fixture JWKS keys, each naming its key.
+    fn fixture_jwks_tokens() -> (String, String) {
+        let claims = json!({"sub": "x"});
+        let rs = sign(Algorithm::RS256, Some("rsa-jwks"), &claims, &rsa("rsa.pem"));
+        let es = sign(Algorithm::ES256, Some("ec-jwks"), &claims, &ec("ec.pem"));
+        (rs, es)
+    }
+
+    #[test]
+    fn jwks_with_an_ed25519_key_beside_an_rsa_one_loads_and_verifies_with_the_rsa_key() {
+        let ed25519 = json!({"kty": "OKP", "crv": "Ed25519", "kid": "ed", "use": "sig",
+                             "alg": "EdDSA", "x": "A".repeat(43)});
+        let v = load_jwks_doc(&json!({"keys": [ed25519, fixture_jwk("rsa-jwks")]})).unwrap();
+        let (rs, _) = fixture_jwks_tokens();
+        assert_eq!(
+            v.verify_at(&rs, NOW).unwrap().get("sub").as_deref(),
+            Some("x")
+        );
+        assert!(format!("{v:?}").contains("rsa-jwks"));
+        assert!(!format!("{v:?}").contains("\"ed\""));
+    }
+
+    #[test]
+    fn jwks_entries_no_jwk_reader_knows_are_skipped_not_fatal() {
+        let doc = json!({"keys": [
+            {"kty": "XYZ", "kid": "future", "use": "sig", "q": "AQAB"},
+            "not a key",
+            7,
+            null,
+            [],
+            // A member of the wrong JSON type makes the entry no JWK at all
+            // (RFC 7517 §5 asks for such entries to be ignored), even when
+            // the rest would name a key of ours.
+            {"kty": "EC", "crv": "P-256", "kid": "odd", "key_ops": "verify", "x": "AA", "y": "AA"},
+            fixture_jwk("ec-jwks"),
+        ]});
+        let v = load_jwks_doc(&doc).unwrap();
+        let (_, es) = fixture_jwks_tokens();
+        assert!(v.verify_at(&es, NOW).is_some());
+        // With nothing else in it, such a document has no usable key.
+        let only_strange = json!({"keys": [{"kty": "XYZ", "use": "sig"}, "not a key"]});
+        let msg = load_jwks_doc(&only_strange).unwrap_err().message;
+        assert!(msg.contains("no RS256 or ES256 signing key"), "{msg}");
+    }
+
+    #[test]
+    fn jwks_keys_for_other_uses_or_algorithms_are_not_used_even_when_valid() {
+        let mut enc = fixture_jwk("rsa-jwks");
+        enc["use"] = json!("enc");
+        let mut rs512 = fixture_jwk("rsa-jwks");
+        rs512["alg"] = json!("RS512");
+        rs512["kid"] = json!("rsa-512");
+        let mut es384 = fixture_jwk("ec-jwks");
+        es384["alg"] = json!("ES384");
+        let mut other_use = fixture_jwk("ec-jwks");
+        other_use["use"] = json!("tls");
+        for skipped in [&enc, &rs512, &es384, &other_use] {
+            let doc = json!({"keys": [skipped]});
+            let msg = load_jwks_doc(&doc).unwrap_err().message;
+            assert!(
+                msg.contains("no RS256 or ES256 signing key"),
+                "{skipped}: {msg}"
+            );
+        }
+        // Beside a good key, a valid one for another use verifies nothing.
+        let v = load_jwks_doc(&json!({"keys": [enc, fixture_jwk("ec-jwks")]})).unwrap();
+        let (rs, es) = fixture_jwks_tokens();
+        assert!(v.verify_at(&rs, NOW).is_none());
+        assert!(v.verify_at(&es, NOW).is_some());
+    }
+
+    #[test]
+    fn jwks_keys_without_use_or_alg_are_taken() {
+        let mut bare_rsa = fixture_jwk("rsa-jwks");
+        let mut bare_ec = fixture_jwk("ec-jwks");
+        for key in [&mut bare_rsa, &mut bare_ec] {
+            let members = key.as_object_mut().unwrap();
+            members.remove("use");
+            members.remove("alg");
+        }
+        let v = load_jwks_doc(&json!({"keys": [bare_rsa, bare_ec]})).unwrap();
+        let (rs, es) = fixture_jwks_tokens();
+        assert!(v.verify_at(&rs, NOW).is_some());
+        assert!(v.verify_at(&es, NOW).is_some());
+    }
+
+    #[test]
+    fn jwks_keys_missing_a_member_fail_the_load_by_name() {
+        let mut no_y = fixture_jwk("ec-jwks");
+        no_y.as_object_mut().unwrap().remove("y");
+        let msg = load_jwks_doc(&json!({"keys": [fixture_jwk("rsa-jwks"), no_y]}))
+            .unwrap_err()
+            .message;
+        assert!(
+            msg.contains(r#"key "ec-jwks" is not a valid ES256"#),
+            "{msg}"
+        );
+        let mut bad_e = fixture_jwk("rsa-jwks");
+        bad_e["e"] = json!(65537);
+        bad_e.as_object_mut().unwrap().remove("kid");
+        let msg = load_jwks_doc(&json!({"keys": [fixture_jwk("ec-jwks"), bad_e]}))
+            .unwrap_err()
+            .message;
+        assert!(msg.contains("key 1 is not a valid RS256"), "{msg}");
+    }
+
+    #[test]
+    fn jwks_errors_are_placed_at_the_jwks_file_value() {
+        let tmp = tempfile::tempdir().unwrap();
+        let broken = json!({"keys": [{"kty": "RSA", "kid": "k", "e": "AQAB"}]});
+        std::fs::write(tmp.path().join("jwks.json"), broken.to_string()).unwrap();
+        let yaml = format!("keys: [{{alg: HS256, secret: {SECRET}}}]\njwks_file: jwks.json\n");
+        let e = JwtVerifier::from_str(&yaml, tmp.path().join("p.yaml")).unwrap_err();
+        assert_eq!((e.line, e.column), (2, 12));
+        assert!(
+            e.to_string()
+                .ends_with(r#"p.yaml:2:12: jwks.json: key "k" is not a valid RS256 public key"#),
+            "{e}"
+        );
     }
 }
