@@ -1,98 +1,18 @@
 //! The layer in an axum app, driven with `oneshot` on a fake clock: the
 //! headers it sets and their syntax, its 429s, shadow mode, client
-//! addresses through proxies, and JWT claims.
+//! addresses through proxies, and JWT claims. The app, its policy and
+//! signed tokens are set up in `support`.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::net::SocketAddr;
-use std::sync::Arc;
+mod support;
+
 use std::time::Duration;
 
-use axum::Router;
-use axum::body::Body;
-use axum::routing::get;
-use http::{Request, Response, StatusCode};
+use http::StatusCode;
 use http_body_util::BodyExt;
-use jsonwebtoken::{EncodingKey, Header, encode};
-use sluice_core::{FakeClock, MemoryStore, Nanos};
-use sluice_http::{Enforcer, PeerAddr, RateLimitLayer};
-use sluice_policy::Policy;
-use tower::ServiceExt;
-
-const SECRET: &str = "0123456789abcdef0123456789abcdef-test";
-
-const POLICY: &str = r#"
-trusted_proxies: [10.0.0.0/8]
-jwt:
-  keys:
-    - {alg: HS256, secret: "0123456789abcdef0123456789abcdef-test"}
-rules:
-  - name: per-ip
-    limit_keys: [ip:address]
-    match: {path_prefix: /ip}
-    algorithm: token_bucket
-    algorithm_config: {rps: 1, burst: 2}
-  - name: per-user
-    limit_keys: ["jwt:sub"]
-    match: {path: /user}
-    on_missing: deny
-    algorithm: token_bucket
-    algorithm_config: {rps: 1, burst: 1}
-  - name: enterprise
-    limit_keys: ["jwt:sub"]
-    match: {path: /plan, "jwt:plan": enterprise}
-    algorithm: fixed_window
-    algorithm_config: {rate: 1, period: 60, start: 0}
-  - name: shadow
-    limit_keys: [ip:address]
-    match: {path: /shadow}
-    algorithm: token_bucket
-    algorithm_config: {rps: 1, burst: 1}
-    mode: shadow
-  - name: tight
-    limit_keys: [ip:address]
-    match: {path: /both}
-    algorithm: token_bucket
-    algorithm_config: {rate: 1, period: 10, burst: 1}
-  - name: loose
-    limit_keys: [ip:address]
-    match: {path: /both}
-    algorithm: token_bucket
-    algorithm_config: {rps: 5, burst: 5}
-"#;
-
-fn app(clock: &FakeClock) -> Router {
-    let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
-    let store = MemoryStore::with_clock(clock.clone());
-    let enforcer = Arc::new(Enforcer::new(policy, store));
-    Router::new()
-        .fallback(get(|| async { "ok" }))
-        .layer(RateLimitLayer::new(enforcer))
-}
-
-fn req(path: &str, peer: &str) -> http::request::Builder {
-    let peer: SocketAddr = format!("{peer}:5000").parse().unwrap();
-    let mut b = Request::builder().uri(path);
-    if let Some(ext) = b.extensions_mut() {
-        ext.insert(PeerAddr(peer));
-    }
-    b
-}
-
-async fn send(app: &Router, r: http::request::Builder) -> Response<Body> {
-    app.clone()
-        .oneshot(r.body(Body::empty()).unwrap())
-        .await
-        .unwrap()
-}
-
-fn header<'a>(res: &'a Response<Body>, name: &str) -> &'a str {
-    res.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} header"))
-        .to_str()
-        .unwrap()
-}
+use sluice_core::{FakeClock, Nanos};
+use support::{SECRET, app, far, header, req, send, three, token};
 
 /// Checks a field value against the draft's grammar: a list of
 /// `"name";key=integer` items, with exactly the given keys.
@@ -237,15 +157,6 @@ const BURST_OF_TWO: [StatusCode; 3] = [
     StatusCode::TOO_MANY_REQUESTS,
 ];
 
-/// The statuses of three requests, the `i`th made by `make(i)`.
-async fn three(app: &Router, make: impl Fn(usize) -> http::request::Builder) -> Vec<StatusCode> {
-    let mut statuses = Vec::new();
-    for i in 0..3 {
-        statuses.push(send(app, make(i)).await.status());
-    }
-    statuses
-}
-
 #[tokio::test]
 async fn a_trusted_proxy_forwards_its_clients_addresses() {
     let clock = FakeClock::new(Nanos::ZERO);
@@ -297,19 +208,6 @@ async fn a_client_behind_a_trusted_proxy_cannot_pick_its_key_with_the_other_head
         .await,
         BURST_OF_TWO
     );
-}
-
-fn token(claims: serde_json::Value, secret: &str) -> String {
-    encode(
-        &Header::default(),
-        &claims,
-        &EncodingKey::from_secret(secret.as_bytes()),
-    )
-    .unwrap()
-}
-
-fn far() -> u64 {
-    4_000_000_000
 }
 
 #[tokio::test]

@@ -11,7 +11,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Process as Server, free_port, serve_args};
+use support::{Process as Server, free_port, policy_file, serve_args, sluice};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 
@@ -36,15 +36,11 @@ fn baseline() -> (Server, SocketAddr) {
 /// listener named by `wait_for` accepts connections. Returns the HTTP and
 /// gRPC addresses.
 fn serve(policy: &str, wait_for: Listener) -> (Server, tempfile::TempDir, SocketAddr, SocketAddr) {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, policy).unwrap();
+    let (dir, path) = policy_file(policy);
     let (args, http, grpc) = serve_args(&path);
     let server = Server(
-        Command::new(BIN)
+        sluice()
             .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap(),

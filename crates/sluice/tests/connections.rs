@@ -5,7 +5,8 @@
 //!
 //! A test binary of its own: the flood raises this process's limit on open
 //! files and holds tens of thousands of sockets, which the other tests need
-//! not share.
+//! not share. The server, raw HTTP and stalling clients are set up in
+//! `support::connections`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -15,211 +16,22 @@ use std::net::SocketAddr;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use support::{Process, eventually, free_port, serve_args};
+use support::connections::{
+    STALLED_CALL, Serve, closed_by_server, file_budget, get, mib, open_files, parse, rss, stall,
+};
+use support::proxy::spawn_proxy;
+use support::{PATIENCE, Process, eventually, metric, policy_file};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-
-/// The longest any test waits for something that should be prompt. Far
-/// above what the server needs, as this machine stalls at times.
-const PATIENCE: Duration = Duration::from_secs(10);
 
 /// The stalled connections of the flood: as many as once used up every
 /// file descriptor of a server.
 const STALLED: usize = 20_000;
 
-/// A call whose body starts, in chunks, and never ends.
-const STALLED_CALL: &[u8] = b"POST /v1/limit HTTP/1.1\r\nhost: sluice\r\n\
-content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n\
-10\r\n{\"limit\": \"send\"\r\n";
-
-const POLICY: &str = "
-limits:
-  send:
-    algorithm: token_bucket
-    algorithm_config: {rate: 10, period: 60, burst: 10}
-rules:
-  - name: per-client
-    domain: edge
-    limit_keys: [\"descriptor:client\"]
-    algorithm: token_bucket
-    algorithm_config: {rps: 100, burst: 100}
-";
-
-/// A running `sluice serve` on free ports.
-struct Serve {
-    process: Process,
-    http: SocketAddr,
-    grpc: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl Serve {
-    /// Starts `sluice serve` with `args` and `env`, through `wrapper` (a
-    /// command that runs the rest of its line) if given, and waits until it
-    /// answers.
-    async fn start(wrapper: &[String], args: &[&str], env: &[(&str, &str)]) -> Serve {
-        let dir = tempfile::tempdir().unwrap();
-        let policy = dir.path().join("policy.yaml");
-        std::fs::write(&policy, POLICY).unwrap();
-        let (serve, http, grpc) = serve_args(&policy);
-        let mut command = match wrapper.split_first() {
-            Some((program, rest)) => {
-                let mut c = Command::new(program);
-                c.args(rest).arg(env!("CARGO_BIN_EXE_sluice"));
-                c
-            }
-            None => Command::new(env!("CARGO_BIN_EXE_sluice")),
-        };
-        command
-            .args(serve)
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null());
-        for (k, v) in env {
-            command.env(k, v);
-        }
-        let serve = Serve {
-            process: Process(command.spawn().unwrap()),
-            http,
-            grpc,
-            _dir: dir,
-        };
-        eventually(PATIENCE, "the server to start", async || {
-            get(serve.http, "/healthz")
-                .await
-                .is_some_and(|r| r.status == 200)
-        })
-        .await;
-        serve
-    }
-
-    fn pid(&self) -> u32 {
-        self.process.0.id()
-    }
-
-    async fn metrics(&self) -> String {
-        get(self.http, "/metrics")
-            .await
-            .expect("/metrics answers")
-            .body
-    }
-}
-
-/// A response read off a raw connection.
-struct Answer {
-    status: u16,
-    head: String,
-    body: String,
-}
-
-/// Parses a whole HTTP/1.1 response that ended with its connection.
-fn parse(raw: &[u8]) -> Option<Answer> {
-    let text = String::from_utf8_lossy(raw);
-    let (head, body) = text.split_once("\r\n\r\n")?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    Some(Answer {
-        status,
-        head: head.to_owned(),
-        body: body.to_owned(),
-    })
-}
-
-/// GETs `path` over a new connection, as a health probe does; `None` if
-/// there is no whole answer within [`PATIENCE`].
-async fn get(addr: SocketAddr, path: &str) -> Option<Answer> {
-    let exchange = async {
-        let mut s = TcpStream::connect(addr).await.ok()?;
-        let request = format!("GET {path} HTTP/1.1\r\nhost: sluice\r\nconnection: close\r\n\r\n");
-        s.write_all(request.as_bytes()).await.ok()?;
-        let mut raw = Vec::new();
-        s.read_to_end(&mut raw).await.ok()?;
-        parse(&raw)
-    };
-    tokio::time::timeout(PATIENCE, exchange)
-        .await
-        .ok()
-        .flatten()
-}
-
-/// A metric's value in a Prometheus exposition, if present.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
-/// A process's resident memory, in bytes.
-fn rss(pid: u32) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-    let kb: u64 = status
-        .lines()
-        .find_map(|l| l.strip_prefix("VmRSS:"))
-        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
-        .unwrap();
-    kb * 1024
-}
-
-/// How many files a process has open.
-fn open_files(pid: u32) -> usize {
-    std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count()
-}
-
-fn mib(bytes: u64) -> f64 {
-    bytes as f64 / (1024.0 * 1024.0)
-}
-
-/// Whether the server closed `stream`: a read ends at once, with an end of
-/// file or a reset, instead of waiting for data that never comes.
-async fn closed_by_server(stream: &mut TcpStream) -> bool {
-    let mut buf = [0; 256];
-    loop {
-        match tokio::time::timeout(PATIENCE, stream.read(&mut buf)).await {
-            Ok(Ok(0) | Err(_)) => return true,
-            // A response before the close (the 408 of a stalled body).
-            Ok(Ok(_)) => {}
-            Err(_) => return false,
-        }
-    }
-}
-
-/// Opens `n` connections that each send `bytes` and then nothing, a
-/// batch at a time so that connects overlap.
-async fn stall(addr: SocketAddr, n: usize, bytes: &'static [u8]) -> Vec<TcpStream> {
-    let mut set = tokio::task::JoinSet::new();
-    for _ in 0..n {
-        set.spawn(async move {
-            let mut s = TcpStream::connect(addr).await?;
-            s.write_all(bytes).await?;
-            Ok::<_, std::io::Error>(s)
-        });
-    }
-    let mut open = Vec::with_capacity(n);
-    while let Some(s) = set.join_next().await {
-        open.push(s.unwrap().expect("a stalled client connects"));
-    }
-    open
-}
-
 /// The environment variables that make [`stalled_connections_held_for_the_flood`]
 /// connect: where, and how many.
 const HELPER_ADDR: &str = "SLUICE_TEST_STALL_ADDR";
 const HELPER_COUNT: &str = "SLUICE_TEST_STALL_COUNT";
-
-/// How many files this process may still open for stalled clients, after
-/// raising its limit as far as it may.
-fn file_budget(wanted: usize) -> usize {
-    use rlimit::Resource;
-    let spare = 512;
-    let (soft, hard) = Resource::NOFILE.get().unwrap();
-    let want = (wanted + spare) as u64;
-    if Resource::NOFILE.set(want.max(soft), want.max(hard)).is_ok() {
-        return wanted;
-    }
-    let raised = rlimit::increase_nofile_limit(want).unwrap_or(soft);
-    usize::try_from(raised).unwrap().saturating_sub(spare)
-}
 
 /// Holds stalled connections for the flood in a process of its own, when
 /// the flood's process may not open as many files as it needs: started with
@@ -560,40 +372,11 @@ async fn the_proxy_keeps_its_cap_and_a_new_request_still_gets_through() {
     let upstream_addr = upstream.local_addr().unwrap();
     let app = axum::Router::new().fallback(|| async { "through\n" });
     tokio::spawn(async move { axum::serve(upstream, app).await });
-    let dir = tempfile::tempdir().unwrap();
-    let policy = dir.path().join("policy.yaml");
-    std::fs::write(
-        &policy,
+    let (_dir, policy) = policy_file(
         "rules:\n  - name: all\n    limit_keys: []\n    algorithm: token_bucket\n    algorithm_config: {rps: 1000, burst: 1000}\n",
-    )
-    .unwrap();
-    let (port, admin) = (free_port(), free_port());
-    let listen: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    let admin: SocketAddr = format!("127.0.0.1:{admin}").parse().unwrap();
-    let _proxy = Process(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["proxy", "--upstream", &format!("http://{upstream_addr}")])
-            .args([
-                "--listen",
-                &listen.to_string(),
-                "--admin",
-                &admin.to_string(),
-            ])
-            .arg("--policy")
-            .arg(&policy)
-            .env("SLUICE_MAX_CONNECTIONS", "8")
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
     );
-    eventually(PATIENCE, "the proxy to start", async || {
-        get(admin, "/healthz")
-            .await
-            .is_some_and(|r| r.status == 200)
-    })
-    .await;
+    let max_connections = [("SLUICE_MAX_CONNECTIONS", "8")];
+    let (_proxy, listen, admin) = spawn_proxy(upstream_addr, &policy, &max_connections).await;
     let proxy = "{listener=\"proxy\"}";
     let shed = async || {
         let text = get(admin, "/metrics").await.unwrap().body;

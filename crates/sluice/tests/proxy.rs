@@ -1,325 +1,32 @@
 //! `sluice proxy` with real sockets: a real upstream (axum) that records
 //! what reaches it, the proxy in process on a port-0 listener, a real HTTP
 //! client (reqwest, or raw TCP where a client library would tidy up the
-//! very headers under test), and once the real binary.
+//! very headers under test), and once the real binary. The upstream and
+//! the proxy's setup live in `support::upstream` and `support::proxy`.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 mod support;
 
-use std::collections::HashSet;
-use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::pin::Pin;
-use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use support::{Process as Binary, eventually, free_port, get_text};
+use support::proxy::{
+    GENEROUS, Proxy, Raw, THREE, header, noise, pair, spawn_proxy, start_proxy, start_proxy_to,
+};
+use support::upstream::{one_request_upstream, start_upstream};
+use support::{PATIENCE, eventually, get_text, policy_file};
 
-use axum::Router;
-use axum::body::Body;
-use axum::extract::{ConnectInfo, Request, State};
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
-use axum::routing::{any, get, post};
 use bytes::Bytes;
 use http_body_util::BodyExt;
-use hyper::body::Frame;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use sluice::listen::{Limits, Listener};
-use sluice::proxy::{Upstream, proxy};
-use sluice_core::MemoryStore;
-use sluice_http::Enforcer;
-use sluice_policy::Policy;
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use sluice::proxy::Upstream;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};
-use tokio::task::JoinHandle;
 
-/// Three requests per client address, refilling too slowly to matter
-/// within a test.
-const THREE: &str = "
-rules:
-  - name: per-ip
-    limit_keys: [ip:address]
-    algorithm: token_bucket
-    algorithm_config: {rate: 1, period: 3600, burst: 3}
-";
-
-/// Enough for every test that is not about limits.
-const GENEROUS: &str = "
-rules:
-  - name: per-ip
-    limit_keys: [ip:address]
-    algorithm: token_bucket
-    algorithm_config: {rate: 1000, period: 1, burst: 1000}
-";
-
-/// The longest any test waits for something that should be immediate.
-const PATIENCE: Duration = Duration::from_secs(10);
-
-// ---------------------------------------------------------------------------
-// The upstream
-
-/// What the upstream saw, and the hooks tests use to pace it.
-#[derive(Default)]
-struct Seen {
-    hits: AtomicUsize,
-    ports: Mutex<HashSet<u16>>,
-    /// Receives the first chunk of a `/stream-in` body.
-    first_chunk: Mutex<Option<oneshot::Sender<Bytes>>>,
-    /// Receives how a `/stream-in` body ended: whole, or broken off.
-    body_end: Mutex<Option<oneshot::Sender<Result<Bytes, String>>>>,
-    /// The body `/stream-out` answers with.
-    stream_out: Mutex<Option<mpsc::Receiver<Bytes>>>,
-    /// `/gate` answers once this resolves; `arrived` says it is waiting.
-    gate: Mutex<Option<oneshot::Receiver<()>>>,
-    arrived: Mutex<Option<oneshot::Sender<()>>>,
-}
-
-impl Seen {
-    fn hits(&self) -> usize {
-        self.hits.load(Ordering::SeqCst)
-    }
-
-    fn ports(&self) -> usize {
-        self.ports.lock().unwrap().len()
-    }
-}
-
-async fn record(
-    State(seen): State<Arc<Seen>>,
-    ConnectInfo(peer): ConnectInfo<SocketAddr>,
-    req: Request,
-    next: Next,
-) -> Response {
-    seen.hits.fetch_add(1, Ordering::SeqCst);
-    seen.ports.lock().unwrap().insert(peer.port());
-    next.run(req).await
-}
-
-/// Answers with everything it received, as JSON.
-async fn echo(req: Request) -> axum::Json<Value> {
-    let (parts, body) = req.into_parts();
-    let body = body.collect().await.unwrap().to_bytes();
-    let mut headers = serde_json::Map::new();
-    for name in parts.headers.keys() {
-        let values: Vec<Value> = parts
-            .headers
-            .get_all(name)
-            .iter()
-            .map(|v| Value::from(v.to_str().unwrap()))
-            .collect();
-        headers.insert(name.as_str().to_owned(), Value::Array(values));
-    }
-    axum::Json(json!({
-        "method": parts.method.as_str(),
-        "path": parts.uri.path(),
-        "query": parts.uri.query(),
-        "version": format!("{:?}", parts.version),
-        "headers": headers,
-        "body": String::from_utf8_lossy(&body),
-    }))
-}
-
-/// Streams the request body straight back.
-async fn mirror(req: Request) -> Response {
-    Response::new(req.into_body())
-}
-
-/// Reports the first chunk as soon as it arrives, then answers with the
-/// whole body.
-async fn stream_in(State(seen): State<Arc<Seen>>, req: Request) -> String {
-    let mut body = req.into_body();
-    let first = loop {
-        let frame = body.frame().await.unwrap().unwrap();
-        if let Ok(data) = frame.into_data() {
-            break data;
-        }
-    };
-    if let Some(tx) = seen.first_chunk.lock().unwrap().take() {
-        let _ = tx.send(first.clone());
-    }
-    let rest = body.collect().await.map(|b| b.to_bytes());
-    let end = seen.body_end.lock().unwrap().take();
-    let rest = match (rest, end) {
-        (Ok(rest), end) => {
-            if let Some(tx) = end {
-                let _ = tx.send(Ok(rest.clone()));
-            }
-            rest
-        }
-        (Err(e), Some(tx)) => {
-            let _ = tx.send(Err(e.to_string()));
-            return String::new();
-        }
-        (Err(e), None) => panic!("a /stream-in body broke off: {e}"),
-    };
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&first),
-        String::from_utf8_lossy(&rest)
-    )
-}
-
-/// A body fed by a channel, chunk by chunk, as the test decides.
-struct ChannelBody(mpsc::Receiver<Bytes>);
-
-impl hyper::body::Body for ChannelBody {
-    type Data = Bytes;
-    type Error = Infallible;
-
-    fn poll_frame(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        self.0.poll_recv(cx).map(|c| c.map(|b| Ok(Frame::data(b))))
-    }
-}
-
-async fn stream_out(State(seen): State<Arc<Seen>>) -> Response {
-    let rx = seen.stream_out.lock().unwrap().take().unwrap();
-    Response::new(Body::new(ChannelBody(rx)))
-}
-
-async fn gate(State(seen): State<Arc<Seen>>) -> &'static str {
-    let rx = seen.gate.lock().unwrap().take().unwrap();
-    if let Some(tx) = seen.arrived.lock().unwrap().take() {
-        let _ = tx.send(());
-    }
-    rx.await.unwrap();
-    "through the gate"
-}
-
-/// A response with every kind of hop-by-hop header.
-async fn hop() -> Response {
-    (
-        [
-            ("connection", "x-secret"),
-            ("x-secret", "1"),
-            ("keep-alive", "timeout=5"),
-            ("proxy-authenticate", "Basic realm=x"),
-            ("trailer", "x-sum"),
-            ("upgrade", "h2c"),
-            ("x-kept", "yes"),
-        ],
-        "hop",
-    )
-        .into_response()
-}
-
-/// Switches to an echo protocol when asked to, as a WebSocket server
-/// switches to WebSocket: `101` with the protocol asked for, then every
-/// byte received is sent back. Without `Connection: upgrade` it refuses
-/// with 426, so a proxy that dropped the hop-by-hop request fails here.
-async fn switch(mut req: Request) -> Response {
-    let asks = req
-        .headers()
-        .get("connection")
-        .and_then(|v| v.to_str().ok())
-        .is_some_and(|v| v.to_ascii_lowercase().contains("upgrade"));
-    let Some(protocol) = req.headers().get("upgrade").cloned().filter(|_| asks) else {
-        return (http::StatusCode::UPGRADE_REQUIRED, "ask to upgrade").into_response();
-    };
-    let on = hyper::upgrade::on(&mut req);
-    tokio::spawn(async move {
-        let upgraded = TokioIo::new(on.await.unwrap());
-        let (mut rx, mut tx) = tokio::io::split(upgraded);
-        tokio::io::copy(&mut rx, &mut tx).await.unwrap();
-    });
-    Response::builder()
-        .status(http::StatusCode::SWITCHING_PROTOCOLS)
-        .header("connection", "upgrade")
-        .header("upgrade", protocol)
-        .body(Body::empty())
-        .unwrap()
-}
-
-async fn start_upstream() -> (SocketAddr, Arc<Seen>) {
-    let seen = Arc::new(Seen::default());
-    let app = Router::new()
-        .route("/mirror", post(mirror))
-        .route("/stream-in", post(stream_in))
-        .route("/stream-out", get(stream_out))
-        .route("/gate", get(gate))
-        .route("/hop", get(hop))
-        .route("/switch", get(switch))
-        .route("/slow", any(std::future::pending::<&'static str>))
-        .fallback(echo)
-        .layer(axum::middleware::from_fn_with_state(
-            Arc::clone(&seen),
-            record,
-        ))
-        .with_state(Arc::clone(&seen));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
-    (addr, seen)
-}
-
-// ---------------------------------------------------------------------------
-// The proxy, in process
-
-struct Proxy {
-    addr: SocketAddr,
-    stop: Option<oneshot::Sender<()>>,
-    task: JoinHandle<()>,
-}
-
-impl Proxy {
-    fn url(&self, path: &str) -> String {
-        format!("http://{}{path}", self.addr)
-    }
-}
-
-async fn start_proxy(policy: &str, upstream: &str, timeout: Duration) -> Proxy {
-    let upstream = Upstream::parse(upstream).unwrap().with_timeout(timeout);
-    start_proxy_to(policy, upstream).await
-}
-
-async fn start_proxy_to(policy: &str, upstream: Upstream) -> Proxy {
-    let policy = Policy::from_str(policy, "policy.yaml").unwrap();
-    let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let listener = Listener::new(listener, "proxy", &Limits::default());
-    let (tx, rx) = oneshot::channel::<()>();
-    let task = tokio::spawn(proxy(listener, enforcer, upstream, async move {
-        let _ = rx.await;
-    }));
-    Proxy {
-        addr,
-        stop: Some(tx),
-        task,
-    }
-}
-
-/// An upstream and a proxy in front of it.
-async fn pair(policy: &str) -> (Proxy, Arc<Seen>) {
-    let (up, seen) = start_upstream().await;
-    let proxy = start_proxy(policy, &format!("http://{up}"), PATIENCE).await;
-    (proxy, seen)
-}
-
-fn header<'a>(res: &'a reqwest::Response, name: &str) -> &'a str {
-    res.headers()
-        .get(name)
-        .unwrap_or_else(|| panic!("no {name} in {:?}", res.headers()))
-        .to_str()
-        .unwrap()
-}
-
+/// The problem document of a response that must be one, with `status`.
 async fn problem(res: reqwest::Response, status: u16) -> Value {
     assert_eq!(res.status(), status);
     assert_eq!(header(&res, "content-type"), "application/problem+json");
@@ -327,71 +34,6 @@ async fn problem(res: reqwest::Response, status: u16) -> Value {
     assert_eq!(body["status"], status, "{body}");
     body
 }
-
-/// Deterministic bytes that are not a repeating pattern a broken proxy
-/// could reproduce by accident.
-fn noise(len: usize) -> Vec<u8> {
-    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
-    (0..len)
-        .map(|_| {
-            x ^= x << 13;
-            x ^= x >> 7;
-            x ^= x << 17;
-            x as u8
-        })
-        .collect()
-}
-
-// ---------------------------------------------------------------------------
-// Raw HTTP/1.1, for headers a client library would not send as written
-
-struct Raw(BufReader<TcpStream>);
-
-impl Raw {
-    async fn connect(addr: SocketAddr) -> Raw {
-        Raw(BufReader::new(TcpStream::connect(addr).await.unwrap()))
-    }
-
-    async fn send(&mut self, bytes: &[u8]) {
-        self.0.get_mut().write_all(bytes).await.unwrap();
-    }
-
-    /// One response with a `Content-Length` body: status, lower-cased
-    /// headers, body.
-    async fn response(&mut self) -> (u16, Vec<(String, String)>, Vec<u8>) {
-        let (status, headers) = self.head().await;
-        let len: usize = headers
-            .iter()
-            .find(|(n, _)| n == "content-length")
-            .map(|(_, v)| v.parse().unwrap())
-            .expect("a content-length");
-        let mut body = vec![0; len];
-        self.0.read_exact(&mut body).await.unwrap();
-        (status, headers, body)
-    }
-
-    /// A response's status line and lower-cased headers.
-    async fn head(&mut self) -> (u16, Vec<(String, String)>) {
-        let mut line = String::new();
-        self.0.read_line(&mut line).await.unwrap();
-        let status: u16 = line.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut headers = Vec::new();
-        loop {
-            line.clear();
-            self.0.read_line(&mut line).await.unwrap();
-            let l = line.trim_end();
-            if l.is_empty() {
-                break;
-            }
-            let (n, v) = l.split_once(':').unwrap();
-            headers.push((n.to_ascii_lowercase(), v.trim().to_owned()));
-        }
-        (status, headers)
-    }
-}
-
-// ---------------------------------------------------------------------------
-// The tests
 
 #[tokio::test]
 async fn admitted_requests_reach_the_upstream_intact_with_rate_limit_headers() {
@@ -748,33 +390,6 @@ async fn a_closed_client_connection_leaves_its_upstream_connection_to_the_next()
     );
 }
 
-/// An upstream that answers one request per connection and then closes it
-/// without saying so first, as a server whose keep-alive timeout has run
-/// out does. Sends on `closed` after each close.
-async fn one_request_upstream(closed: mpsc::UnboundedSender<()>) -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        loop {
-            let (stream, _) = listener.accept().await.unwrap();
-            let mut stream = BufReader::new(stream);
-            let mut line = String::new();
-            loop {
-                line.clear();
-                if stream.read_line(&mut line).await.unwrap() == 0 || line == "\r\n" {
-                    break;
-                }
-            }
-            let res = b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nonce";
-            stream.get_mut().write_all(res).await.unwrap();
-            stream.get_mut().shutdown().await.unwrap();
-            drop(stream);
-            let _ = closed.send(());
-        }
-    });
-    addr
-}
-
 #[tokio::test]
 async fn an_upstream_connection_closed_while_idle_is_replaced_not_a_502() {
     let (closed_tx, mut closed) = mpsc::unbounded_channel();
@@ -1106,30 +721,11 @@ async fn stopping_lets_requests_in_flight_finish() {
 #[tokio::test]
 async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
     let (up, seen) = start_upstream().await;
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, THREE).unwrap();
-    let (port, admin) = (free_port(), free_port());
-    let mut bin = Binary(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(["proxy", "--upstream", &format!("http://{up}")])
-            .args(["--listen", &format!("127.0.0.1:{port}")])
-            .args(["--admin", &format!("127.0.0.1:{admin}")])
-            .arg("--policy")
-            .arg(&path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    eventually(PATIENCE, "the proxy port to accept", async || {
-        TcpStream::connect(("127.0.0.1", port)).await.is_ok()
-    })
-    .await;
+    let (dir, path) = policy_file(THREE);
+    let (mut bin, listen, admin) = spawn_proxy(up, &path, &[]).await;
     let client = reqwest::Client::new();
-    let base = format!("http://127.0.0.1:{port}");
-    let admin = format!("http://127.0.0.1:{admin}");
+    let base = format!("http://{listen}");
+    let admin = format!("http://{admin}");
     let ready = client.get(format!("{admin}/readyz")).send().await.unwrap();
     assert_eq!(ready.status(), 200);
 
@@ -1177,9 +773,7 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
 
 #[test]
 fn the_binary_refuses_upstreams_that_are_not_plain_http() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, THREE).unwrap();
+    let (_dir, path) = policy_file(THREE);
     for bad in ["https://example.com", "example.com:80"] {
         let out = Command::new(env!("CARGO_BIN_EXE_sluice"))
             .args(["proxy", "--listen", "127.0.0.1:0", "--upstream", bad])

@@ -1,81 +1,23 @@
 //! `sluice serve`: the decision API through `app().oneshot`, then the real
 //! binary on a real port, with a real HTTP client, through a policy reload.
+//! Both are set up in `support::serve`.
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use axum::body::{Body, Bytes};
-use http_body_util::BodyExt;
-use http_body_util::channel::Channel;
-use hyper::body::Frame;
+use axum::body::Body;
 use sluice::listen::{Limits, Listener};
-use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
-use sluice_core::{FakeClock, MemoryStore, Nanos};
+use sluice::serve::{AnyStore, AppState, MAX_BODY};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
-use support::{Process as Server, eventually, free_port, get_text, serve_args};
-use tower::ServiceExt;
-
-const POLICY: &str = r#"
-limits:
-  sendMessage:
-    algorithm: token_bucket
-    algorithm_config: {rate: 10, period: 60, burst: 2, max_reserved: 5}
-rules:
-  - name: per-ip
-    limit_keys: [ip:address]
-    algorithm: token_bucket
-    algorithm_config: {rps: 1, burst: 1}
-"#;
-
-/// A server state on a stopped clock: every call happens at the same
-/// instant, so the numbers below are exact.
-fn state(token: Option<&str>) -> Arc<AppState<FakeClock>> {
-    state_of(POLICY, token)
-}
-
-/// [`state`] with another policy.
-fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeClock>> {
-    let policy = Policy::from_str(policy, "policy.yaml").unwrap();
-    let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
-    Arc::new(AppState {
-        enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
-        admin_token: token.map(str::to_owned),
-        metrics: None,
-        reload_error: arc_swap::ArcSwapOption::empty(),
-    })
-}
-
-async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
-    s: &Arc<AppState<C>>,
-    method: &str,
-    uri: &str,
-    body: impl Into<Body>,
-    auth: Option<&str>,
-) -> (u16, String, serde_json::Value) {
-    let mut req = http::Request::builder().method(method).uri(uri);
-    if let Some(a) = auth {
-        req = req.header("authorization", a);
-    }
-    let res = app(Arc::clone(s))
-        .oneshot(req.body(body.into()).unwrap())
-        .await
-        .unwrap();
-    let status = res.status().as_u16();
-    let ctype = res
-        .headers()
-        .get("content-type")
-        .map(|v| v.to_str().unwrap().to_owned())
-        .unwrap_or_default();
-    let bytes = res.into_body().collect().await.unwrap().to_bytes();
-    let json = serde_json::from_slice(&bytes).unwrap_or(serde_json::Value::Null);
-    (status, ctype, json)
-}
+use support::serve::{POLICY, call, check_send_message, in_pieces, spawn_serve, state, state_of};
+#[cfg(unix)]
+use support::signal;
+use support::{Process as Server, eventually, free_port, get_text, metric, policy_file, sluice};
 
 #[tokio::test]
 async fn named_limits_consume_check_reserve_reset_and_read() {
@@ -235,16 +177,6 @@ async fn bad_input_gets_a_4xx_problem() {
     assert_eq!(st, 404);
 }
 
-/// A body of `pieces`, sent one after another with no length announced, as
-/// a client streaming a chunked body does.
-fn in_pieces(pieces: Vec<Vec<u8>>) -> Body {
-    let (mut tx, body) = Channel::<Bytes, std::io::Error>::new(pieces.len().max(1));
-    for piece in pieces {
-        assert!(tx.try_send(Frame::data(Bytes::from(piece))).is_ok());
-    }
-    Body::new(body)
-}
-
 #[tokio::test]
 async fn a_body_in_pieces_is_read_whole_and_held_to_the_limit() {
     let s = state(None);
@@ -321,44 +253,9 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
     );
 }
 
-/// Starts `sluice serve` on free ports and waits until it is ready; returns
-/// the process, the HTTP base URL and the gRPC address.
-async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
-    let (args, http, grpc) = serve_args(policy);
-    let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
-    let base = format!("http://{http}");
-    let client = reqwest::Client::new();
-    eventually(Duration::from_secs(10), "the server to start", async || {
-        let r = client.get(format!("{base}/readyz")).send().await;
-        r.is_ok_and(|r| r.status() == 200)
-    })
-    .await;
-    (server, base, grpc.to_string())
-}
-
-/// `POST /v1/check` of `sendMessage` for key `k` on the server at `base`.
-async fn check_send_message(client: &reqwest::Client, base: &str) -> reqwest::Response {
-    client
-        .post(format!("{base}/v1/check"))
-        .body(r#"{"limit": "sendMessage", "key": "k"}"#)
-        .send()
-        .await
-        .unwrap()
-}
-
 #[tokio::test]
 async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload_is_bad() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, POLICY).unwrap();
+    let (dir, path) = policy_file(POLICY);
     let (_server, base, _) = spawn_serve(&path).await;
     let client = reqwest::Client::new();
     let ready = || async {
@@ -477,21 +374,6 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
     );
 }
 
-/// A metric's value in a Prometheus exposition, if present.
-fn metric(text: &str, series: &str) -> Option<f64> {
-    text.lines()
-        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
-}
-
-#[cfg(unix)]
-fn signal(server: &Server, name: &str) {
-    let status = Command::new("kill")
-        .args([&format!("-{name}"), &server.0.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success());
-}
-
 #[cfg(unix)]
 #[tokio::test]
 async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stops_on_sigterm() {
@@ -587,9 +469,7 @@ async fn the_binary_reloads_on_sighup_and_configmap_swaps_answers_envoy_and_stop
 /// `/readyz` says why; so is a policy file that was deleted.
 #[tokio::test]
 async fn a_reload_that_would_drop_every_limit_or_read_without_end_is_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, POLICY).unwrap();
+    let (_dir, path) = policy_file(POLICY);
     let (_server, base, _) = spawn_serve(&path).await;
     let client = reqwest::Client::new();
     let readyz = async || -> (u16, String) {
@@ -728,19 +608,14 @@ rules:
 /// `--policy` do.
 #[tokio::test]
 async fn flags_can_be_set_through_the_environment() {
-    let dir = tempfile::tempdir().unwrap();
-    let path = dir.path().join("policy.yaml");
-    std::fs::write(&path, POLICY).unwrap();
+    let (_dir, path) = policy_file(POLICY);
     let (http, grpc) = (free_port(), free_port());
     let _server = Server(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
+        sluice()
             .arg("serve")
             .env("SLUICE_HTTP", format!("127.0.0.1:{http}"))
             .env("SLUICE_GRPC", format!("127.0.0.1:{grpc}"))
             .env("SLUICE_POLICY", &path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
             .spawn()
             .unwrap(),
     );

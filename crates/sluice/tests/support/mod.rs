@@ -1,11 +1,23 @@
 //! What the binary's tests share: a child process that cannot outlive its
-//! test, free ports, and polling with a deadline instead of sleeping.
+//! test, the `sluice` command, free ports, policy files, and polling with a
+//! deadline instead of sleeping. The submodules hold the setup of one test
+//! file each: `serve`, `proxy` and `upstream`, `connections`.
 
 // Each test crate uses its own subset.
-#![allow(dead_code, clippy::unwrap_used, clippy::panic)]
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::process::Child;
+pub(crate) mod connections;
+pub(crate) mod proxy;
+pub(crate) mod serve;
+pub(crate) mod upstream;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+/// The longest any test waits for something that should be prompt. Far
+/// above what the binary needs, as a loaded machine stalls at times.
+pub(crate) const PATIENCE: Duration = Duration::from_secs(10);
 
 /// A child process, killed and reaped when dropped, however the test ends.
 pub(crate) struct Process(pub(crate) Child);
@@ -21,11 +33,7 @@ impl Process {
     /// Sends SIGTERM and waits, up to `within`, for a clean exit.
     #[cfg(unix)]
     pub(crate) async fn terminate(&mut self, within: Duration) {
-        let sent = std::process::Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(sent.success());
+        signal(self, "TERM");
         let deadline = Instant::now() + within;
         let status = loop {
             if let Some(status) = self.0.try_wait().unwrap() {
@@ -36,6 +44,49 @@ impl Process {
         };
         assert!(status.success(), "{status:?}");
     }
+}
+
+/// Sends the signal `name` (`HUP`, `TERM`…) to `process`.
+#[cfg(unix)]
+pub(crate) fn signal(process: &Process, name: &str) {
+    let sent = Command::new("kill")
+        .args([&format!("-{name}"), &process.0.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(sent.success());
+}
+
+/// The `sluice` binary as the tests run it: logging warnings only, its
+/// output discarded.
+pub(crate) fn sluice() -> Command {
+    sluice_through(&[])
+}
+
+/// [`sluice`] run through `wrapper`, a command that runs the rest of its
+/// line (such as `prlimit --nofile=… --`); an empty wrapper runs it directly.
+pub(crate) fn sluice_through(wrapper: &[String]) -> Command {
+    let mut command = match wrapper.split_first() {
+        Some((program, rest)) => {
+            let mut c = Command::new(program);
+            c.args(rest).arg(env!("CARGO_BIN_EXE_sluice"));
+            c
+        }
+        None => Command::new(env!("CARGO_BIN_EXE_sluice")),
+    };
+    command
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::null())
+        .stderr(Stdio::null());
+    command
+}
+
+/// `text` written as `policy.yaml` in a fresh directory, which lives as
+/// long as the returned handle; and the file's path.
+pub(crate) fn policy_file(text: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("policy.yaml");
+    std::fs::write(&path, text).unwrap();
+    (dir, path)
 }
 
 /// A loopback port that was free a moment ago.
@@ -50,7 +101,7 @@ pub(crate) fn free_port() -> u16 {
 /// The arguments of `sluice serve` with the policy at `policy`, listening
 /// on two free loopback ports; and those addresses, HTTP then gRPC.
 pub(crate) fn serve_args(
-    policy: &std::path::Path,
+    policy: &Path,
 ) -> (
     Vec<std::ffi::OsString>,
     std::net::SocketAddr,
@@ -82,4 +133,10 @@ pub(crate) async fn eventually(within: Duration, what: &str, mut check: impl Asy
 /// The body of a GET, as text; the request must succeed.
 pub(crate) async fn get_text(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// A metric's value in a Prometheus exposition, if present.
+pub(crate) fn metric(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find_map(|l| l.strip_prefix(series)?.trim().parse().ok())
 }

@@ -1,126 +1,23 @@
-//! JSON Web Tokens: the policy's `jwt` section (which keys sign the tokens a
-//! service accepts) and [`JwtVerifier`], which turns a token into [`Claims`]
-//! only once its signature and its time, issuer and audience claims check out.
-//!
-//! ```yaml
-//! jwt:
-//!   header: authorization            # default; "Bearer <token>". Any other header holds the bare token
-//!   issuer: https://issuer.example   # optional; when set, `iss` must be present and equal
-//!   audience: my-api                 # optional; when set, `aud` must be present and name it
-//!   leeway: 30                       # seconds of clock skew allowed on exp/nbf, default 0
-//!   max_lifetime: 1d                 # optional; when set, `exp` must be present and at most this far ahead
-//!   keys:
-//!     - {alg: HS256, secret: "at least 32 bytes of shared secret"}   # or secret_file: path
-//!     - {alg: RS256, pem_file: keys/rsa.pub.pem, kid: rsa-1}
-//!     - {alg: ES256, pem: "-----BEGIN PUBLIC KEY-----\n..."}
-//!   jwks_file: keys/jwks.json        # RS256 / ES256 public keys, by kid
-//! ```
-//!
-//! Paths are relative to the policy file's directory. `exp` and `nbf` are
-//! checked when a token carries them but are not required, since many
-//! internal issuers mint long-lived service tokens without them. A time
-//! past the year 9999 is refused as malformed, so `exp: 1e300` does not
-//! make a token valid forever; `max_lifetime` caps how far ahead `exp` may
-//! be, for issuers whose tokens are all short-lived.
+//! Verifying tokens with the keys of a `jwt` section, and reading the claims
+//! of those that pass.
 
 use std::borrow::Cow;
-use std::collections::HashSet;
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use jsonwebtoken::{Algorithm, DecodingKey, Validation};
-use serde::Deserialize;
+use jsonwebtoken::Algorithm;
 use serde_json::{Map, Value};
-use serde_saphyr::{Location, Spanned};
+use serde_saphyr::Spanned;
 
-use crate::error::{Invalid, PolicyError, Pos, at, from_yaml};
+use super::config::{JwtConfigError, RawJwt};
+use super::keys::{self, VerifyKey};
+use crate::error::{PolicyError, from_yaml};
 
 /// Tokens longer than this are refused before any decoding: no sane JWT is
 /// this large, and refusing early bounds the work an attacker can cause.
 const MAX_TOKEN_LEN: usize = 16 * 1024;
-
-/// RFC 7518 §3.2: an HS256 key must be at least as long as the hash output.
-const MIN_HS256_SECRET: usize = 32;
-
-/// The `jwt` section as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawJwt {
-    pub(crate) header: Option<Spanned<String>>,
-    pub(crate) issuer: Option<Spanned<String>>,
-    pub(crate) audience: Option<Spanned<String>>,
-    pub(crate) leeway: Option<Spanned<u64>>,
-    pub(crate) max_lifetime: Option<Spanned<crate::secs::Secs>>,
-    #[serde(default)]
-    pub(crate) keys: Vec<Spanned<RawJwtKey>>,
-    pub(crate) jwks_file: Option<Spanned<String>>,
-}
-
-/// One entry of `jwt.keys`.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(crate) struct RawJwtKey {
-    pub(crate) alg: Spanned<String>,
-    pub(crate) kid: Option<Spanned<String>>,
-    pub(crate) secret: Option<Spanned<String>>,
-    pub(crate) secret_file: Option<Spanned<String>>,
-    pub(crate) pem: Option<Spanned<String>>,
-    pub(crate) pem_file: Option<Spanned<String>>,
-}
-
-// Written by hand so that a shared secret never reaches a log line through
-// `{:?}` of the raw policy.
-impl fmt::Debug for RawJwtKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RawJwtKey")
-            .field("alg", &self.alg.value)
-            .field("kid", &self.kid.as_ref().map(|k| &k.value))
-            .field("secret", &self.secret.as_ref().map(|_| "[redacted]"))
-            .field("secret_file", &self.secret_file.as_ref().map(|p| &p.value))
-            .field("pem", &self.pem.as_ref().map(|_| "[pem]"))
-            .field("pem_file", &self.pem_file.as_ref().map(|p| &p.value))
-            .finish()
-    }
-}
-
-/// A `jwt` section that cannot work, with the value responsible.
-#[derive(Debug, Clone)]
-pub(crate) struct JwtConfigError {
-    /// What is wrong, without the position.
-    pub(crate) message: String,
-    /// Where the offending value is; `None` means the `jwt` section as a
-    /// whole (it has no keys at all).
-    pub(crate) location: Option<Location>,
-}
-
-impl JwtConfigError {
-    fn at<T>(value: &Spanned<T>, message: impl fmt::Display) -> JwtConfigError {
-        JwtConfigError {
-            message: message.to_string(),
-            location: Some(value.referenced),
-        }
-    }
-
-    /// The crate's validation error, placed at the offending value or, for
-    /// problems of the whole section, at `section` (the `jwt` value).
-    pub(crate) fn into_invalid(self, section: impl Into<Pos>) -> Invalid {
-        match self.location {
-            Some(loc) => at(Pos::of(loc), self.message),
-            None => at(section, self.message),
-        }
-    }
-}
-
-impl fmt::Display for JwtConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self.location {
-            Some(loc) => write!(f, "{}:{}: {}", loc.line(), loc.column(), self.message),
-            None => f.write_str(&self.message),
-        }
-    }
-}
 
 /// Checks JSON Web Tokens against the keys of a policy's `jwt` section.
 ///
@@ -164,14 +61,6 @@ struct Inner {
     keys: Vec<VerifyKey>,
 }
 
-#[derive(Clone)]
-struct VerifyKey {
-    alg: Algorithm,
-    kid: Option<String>,
-    key: DecodingKey,
-    validation: Validation,
-}
-
 impl fmt::Debug for JwtVerifier {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let i = &self.inner;
@@ -182,15 +71,6 @@ impl fmt::Debug for JwtVerifier {
             .field("leeway", &i.leeway)
             .field("keys", &i.keys)
             .finish()
-    }
-}
-
-impl fmt::Debug for VerifyKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Key")
-            .field("alg", &self.alg)
-            .field("kid", &self.kid)
-            .finish_non_exhaustive()
     }
 }
 
@@ -224,66 +104,16 @@ impl JwtVerifier {
     /// resolved against `base_dir`, the policy file's directory. Unreadable
     /// files and malformed keys are refused here, never at request time.
     pub(crate) fn build(raw: &RawJwt, base_dir: &Path) -> Result<JwtVerifier, JwtConfigError> {
-        let header = match &raw.header {
-            Some(h) => header_name(h)?,
-            None => "authorization".to_owned(),
-        };
-        let mut keys = Vec::new();
-        let mut kids = HashSet::new();
-        for spec in &raw.keys {
-            let key = load_key(&spec.value, base_dir)?;
-            if let (Some(kid), Some(at)) = (&key.kid, &spec.value.kid)
-                && !kids.insert(kid.clone())
-            {
-                return Err(JwtConfigError::at(
-                    at,
-                    format!("kid {kid:?} names another key too"),
-                ));
-            }
-            keys.push(key);
-        }
-        if let Some(jwks) = &raw.jwks_file {
-            for key in load_jwks(jwks, base_dir)? {
-                if let Some(kid) = &key.kid
-                    && !kids.insert(kid.clone())
-                {
-                    return Err(JwtConfigError::at(
-                        jwks,
-                        format!("kid {kid:?} names another key too"),
-                    ));
-                }
-                keys.push(key);
-            }
-        }
-        if keys.is_empty() {
-            return Err(JwtConfigError {
-                message: "`jwt` needs at least one key in `keys` or a `jwks_file`; \
-                          without one no token could ever be verified"
-                    .to_owned(),
-                location: None,
-            });
-        }
-        let non_empty = |s: &Option<Spanned<String>>, what: &str| match s {
-            Some(v) if v.value.is_empty() => {
-                Err(JwtConfigError::at(v, format!("`{what}` must not be empty")))
-            }
-            Some(v) => Ok(Some(v.value.clone())),
-            None => Ok(None),
-        };
+        let header = raw.header_name()?;
+        let keys = keys::load(raw, base_dir)?;
         Ok(JwtVerifier {
             inner: Arc::new(Inner {
                 bearer: header == "authorization",
                 header,
-                issuer: non_empty(&raw.issuer, "issuer")?,
-                audience: non_empty(&raw.audience, "audience")?,
-                leeway: raw.leeway.as_ref().map_or(0, |l| l.value),
-                max_lifetime: match &raw.max_lifetime {
-                    Some(m) if m.value.0.0 <= 0 => {
-                        return Err(JwtConfigError::at(m, "`max_lifetime` must be positive"));
-                    }
-                    Some(m) => Some(m.value.0.as_secs_f64()),
-                    None => None,
-                },
+                issuer: raw.issuer()?,
+                audience: raw.audience()?,
+                leeway: raw.leeway(),
+                max_lifetime: raw.max_lifetime()?,
                 keys,
             }),
         })
@@ -545,256 +375,15 @@ fn lookup<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
         })
 }
 
-fn header_name(h: &Spanned<String>) -> Result<String, JwtConfigError> {
-    // RFC 9110 §5.1: a field name is a token.
-    let tchar = |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-.^_`|~".contains(c);
-    if h.value.is_empty() || !h.value.chars().all(tchar) {
-        return Err(JwtConfigError::at(
-            h,
-            format!("{:?} is not an HTTP header name", h.value),
-        ));
-    }
-    Ok(h.value.to_ascii_lowercase())
-}
-
-fn parse_alg(alg: &Spanned<String>) -> Result<Algorithm, JwtConfigError> {
-    match alg.value.to_ascii_uppercase().as_str() {
-        "HS256" => Ok(Algorithm::HS256),
-        "RS256" => Ok(Algorithm::RS256),
-        "ES256" => Ok(Algorithm::ES256),
-        _ => Err(JwtConfigError::at(
-            alg,
-            format!(
-                "unsupported algorithm {:?}: Sluice accepts HS256, RS256 and ES256",
-                alg.value
-            ),
-        )),
-    }
-}
-
-/// A verification that leaves the registered claims to
-/// [`JwtVerifier::claims_hold`]: jsonwebtoken checks the algorithm and the
-/// signature only.
-fn signature_only(alg: Algorithm) -> Validation {
-    let mut v = Validation::new(alg);
-    v.required_spec_claims = HashSet::new();
-    v.validate_exp = false;
-    v.validate_nbf = false;
-    v.validate_aud = false;
-    v.leeway = 0;
-    v
-}
-
-fn read(path: &Spanned<String>, base_dir: &Path) -> Result<Vec<u8>, JwtConfigError> {
-    let full = base_dir.join(&path.value);
-    crate::files::read_capped(&full, crate::files::MAX_KEY_FILE_BYTES)
-        .map_err(|e| JwtConfigError::at(path, format!("cannot read {}: {e}", full.display())))
-}
-
-fn load_key(spec: &RawJwtKey, base_dir: &Path) -> Result<VerifyKey, JwtConfigError> {
-    let alg = parse_alg(&spec.alg)?;
-    let kid = match &spec.kid {
-        Some(k) if k.value.is_empty() => {
-            return Err(JwtConfigError::at(k, "`kid` must not be empty"));
-        }
-        k => k.as_ref().map(|k| k.value.clone()),
-    };
-    let key = if alg == Algorithm::HS256 {
-        if let Some(p) = spec.pem.as_ref().or(spec.pem_file.as_ref()) {
-            return Err(JwtConfigError::at(
-                p,
-                "HS256 keys are shared secrets: give `secret` or `secret_file`, not a PEM",
-            ));
-        }
-        let secret = match (&spec.secret, &spec.secret_file) {
-            (Some(s), None) => s.value.as_bytes().to_vec(),
-            (None, Some(path)) => {
-                let mut bytes = read(path, base_dir)?;
-                // Files written by `echo` or editors end in a newline that is
-                // not part of the secret.
-                if bytes.ends_with(b"\n") {
-                    bytes.pop();
-                    if bytes.ends_with(b"\r") {
-                        bytes.pop();
-                    }
-                }
-                bytes
-            }
-            (Some(_), Some(f)) => {
-                return Err(JwtConfigError::at(
-                    f,
-                    "give `secret` or `secret_file`, not both",
-                ));
-            }
-            (None, None) => {
-                return Err(JwtConfigError::at(
-                    &spec.alg,
-                    "an HS256 key needs `secret` or `secret_file`",
-                ));
-            }
-        };
-        if secret.len() < MIN_HS256_SECRET {
-            let at = spec.secret.as_ref().or(spec.secret_file.as_ref());
-            let message = format!(
-                "an HS256 secret must be at least {MIN_HS256_SECRET} bytes (RFC 7518 §3.2), \
-                 this one has {}",
-                secret.len()
-            );
-            return Err(match at {
-                Some(at) => JwtConfigError::at(at, message),
-                None => JwtConfigError::at(&spec.alg, message),
-            });
-        }
-        DecodingKey::from_secret(&secret)
-    } else {
-        if let Some(s) = spec.secret.as_ref().or(spec.secret_file.as_ref()) {
-            return Err(JwtConfigError::at(
-                s,
-                format!("{alg:?} keys are public keys: give `pem` or `pem_file`, not a secret"),
-            ));
-        }
-        let (pem, at, what) = match (&spec.pem, &spec.pem_file) {
-            (Some(p), None) => (p.value.as_bytes().to_vec(), p, "`pem`".to_owned()),
-            (None, Some(f)) => (read(f, base_dir)?, f, f.value.clone()),
-            (Some(_), Some(f)) => {
-                return Err(JwtConfigError::at(f, "give `pem` or `pem_file`, not both"));
-            }
-            (None, None) => {
-                return Err(JwtConfigError::at(
-                    &spec.alg,
-                    format!("an {alg:?} key needs `pem` or `pem_file`"),
-                ));
-            }
-        };
-        pem_key(alg, &pem).map_err(|why| JwtConfigError::at(at, format!("{what}: {why}")))?
-    };
-    Ok(VerifyKey {
-        alg,
-        kid,
-        key,
-        validation: signature_only(alg),
-    })
-}
-
-/// Parses a public key and proves it usable now, so that a wrong file fails
-/// the load instead of silently failing every request.
-fn pem_key(alg: Algorithm, pem: &[u8]) -> Result<DecodingKey, String> {
-    let (key, kind) = match alg {
-        Algorithm::RS256 => (DecodingKey::from_rsa_pem(pem), "an RSA"),
-        _ => (DecodingKey::from_ec_pem(pem), "a P-256 EC"),
-    };
-    let not_public = || {
-        format!(
-            "not {kind} public key in PEM form (-----BEGIN PUBLIC KEY-----); \
-             `openssl pkey -in key.pem -pubout` prints the public key of a private one"
-        )
-    };
-    let key = key.map_err(|_| not_public())?;
-    usable(alg, &key).then_some(key).ok_or_else(not_public)
-}
-
-/// Whether the crypto backend accepts `key` for `alg`. jsonwebtoken parses
-/// keys lazily, at each verification; these calls make it parse now.
-fn usable(alg: Algorithm, key: &DecodingKey) -> bool {
-    match alg {
-        // Converting to a JWK decodes the PKCS#1 public key (and fails for a
-        // private key, which `from_rsa_pem` lets through).
-        Algorithm::RS256 => jsonwebtoken::jwk::Jwk::from_decoding_key(key, Some(alg)).is_ok(),
-        // Building an ES256 verifier decodes the curve point; the signature
-        // check itself failing is expected and fine.
-        _ => jsonwebtoken::crypto::verify("", b"", key, alg).is_ok(),
-    }
-}
-
-/// The RS256 and ES256 signing keys of a JWKS document. Keys for other uses or
-/// algorithms are skipped, since real issuers publish those alongside; a key
-/// we would use but cannot decode is an error.
-fn load_jwks(path: &Spanned<String>, base_dir: &Path) -> Result<Vec<VerifyKey>, JwtConfigError> {
-    let bytes = read(path, base_dir)?;
-    let fail = |why: String| JwtConfigError::at(path, format!("{}: {why}", path.value));
-    let doc: Value = serde_json::from_slice(&bytes).map_err(|e| fail(format!("not JSON ({e})")))?;
-    let Some(entries) = doc.get("keys").and_then(Value::as_array) else {
-        return Err(fail(
-            "a JWKS document is an object with a `keys` array".to_owned(),
-        ));
-    };
-    let mut keys = Vec::new();
-    for (n, jwk) in entries.iter().enumerate() {
-        let field = |name: &str| jwk.get(name).and_then(Value::as_str);
-        if field("use").is_some_and(|u| u != "sig") {
-            continue;
-        }
-        let alg = match (field("kty"), field("crv"), field("alg")) {
-            (Some("RSA"), _, None | Some("RS256")) => Algorithm::RS256,
-            (Some("EC"), Some("P-256"), None | Some("ES256")) => Algorithm::ES256,
-            _ => continue,
-        };
-        let name = field("kid").map_or_else(|| format!("key {n}"), |k| format!("key {k:?}"));
-        let key = match alg {
-            Algorithm::RS256 => field("n")
-                .zip(field("e"))
-                .and_then(|(n, e)| DecodingKey::from_rsa_components(n, e).ok()),
-            _ => field("x")
-                .zip(field("y"))
-                .and_then(|(x, y)| DecodingKey::from_ec_components(x, y).ok())
-                .filter(|k| usable(alg, k)),
-        }
-        .ok_or_else(|| fail(format!("{name} is not a valid {alg:?} public key")))?;
-        keys.push(VerifyKey {
-            alg,
-            kid: field("kid").map(str::to_owned),
-            key,
-            validation: signature_only(alg),
-        });
-    }
-    if keys.is_empty() {
-        return Err(fail("no RS256 or ES256 signing key in it".to_owned()));
-    }
-    Ok(keys)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::jwt::test_fixtures::{
+        NOW, SECRET, ec, fixture, hs, hs_verifier, rsa, sign, verifier,
+    };
     use jsonwebtoken::{EncodingKey, Header, encode};
     use proptest::prelude::*;
     use serde_json::json;
-
-    const NOW: u64 = 1_700_000_000;
-    const SECRET: &str = "test-secret-test-secret-test-secret";
-
-    fn dir() -> PathBuf {
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/jwt")
-    }
-
-    fn fixture(name: &str) -> Vec<u8> {
-        std::fs::read(dir().join(name)).unwrap()
-    }
-
-    /// A verifier from a `jwt` section whose paths are relative to the fixtures.
-    fn verifier(yaml: &str) -> JwtVerifier {
-        JwtVerifier::from_str(yaml, dir().join("policy.yaml")).unwrap()
-    }
-
-    fn config_error(yaml: &str) -> PolicyError {
-        JwtVerifier::from_str(yaml, dir().join("policy.yaml")).unwrap_err()
-    }
-
-    fn hs(secret: &str) -> EncodingKey {
-        EncodingKey::from_secret(secret.as_bytes())
-    }
-    fn rsa(name: &str) -> EncodingKey {
-        EncodingKey::from_rsa_pem(&fixture(name)).unwrap()
-    }
-    fn ec(name: &str) -> EncodingKey {
-        EncodingKey::from_ec_pem(&fixture(name)).unwrap()
-    }
-
-    fn sign(alg: Algorithm, kid: Option<&str>, claims: &Value, key: &EncodingKey) -> String {
-        let mut header = Header::new(alg);
-        header.kid = kid.map(str::to_owned);
-        encode(&header, claims, key).unwrap()
-    }
 
     /// Unpadded base64url, enough to hand-craft hostile tokens.
     fn base64url(bytes: &[u8]) -> String {
@@ -812,10 +401,6 @@ mod tests {
             }
         }
         out
-    }
-
-    fn hs_verifier() -> JwtVerifier {
-        verifier(&format!("keys: [{{alg: HS256, secret: {SECRET}}}]"))
     }
 
     #[test]
@@ -844,17 +429,6 @@ mod tests {
             v.verify_at(&t, NOW).unwrap().get("sub").as_deref(),
             Some("user-1")
         );
-    }
-
-    #[test]
-    fn secret_file_is_read_without_its_trailing_newline() {
-        let v = verifier("keys: [{alg: HS256, secret_file: hs256.secret}]");
-        let secret = String::from_utf8(fixture("hs256.secret")).unwrap();
-        let claims = json!({"sub": "s"});
-        let t = sign(Algorithm::HS256, None, &claims, &hs(secret.trim_end()));
-        assert!(v.verify_at(&t, NOW).is_some());
-        let t = sign(Algorithm::HS256, None, &claims, &hs(&secret));
-        assert!(v.verify_at(&t, NOW).is_none());
     }
 
     #[test]
@@ -1135,30 +709,6 @@ mod tests {
     }
 
     #[test]
-    fn jwks_keys_verify_by_kid() {
-        let v = verifier("jwks_file: jwks.json");
-        let claims = json!({"sub": "x"});
-        let rs = |kid, key: &str| sign(Algorithm::RS256, kid, &claims, &rsa(key));
-        let es = |kid, key: &str| sign(Algorithm::ES256, kid, &claims, &ec(key));
-        assert!(v.verify_at(&rs(Some("rsa-jwks"), "rsa.pem"), NOW).is_some());
-        assert!(v.verify_at(&es(Some("ec-jwks"), "ec.pem"), NOW).is_some());
-        assert!(v.verify_at(&rs(None, "rsa.pem"), NOW).is_some());
-        assert!(
-            v.verify_at(&rs(Some("rsa-jwks"), "rsa2.pem"), NOW)
-                .is_none()
-        );
-        assert!(v.verify_at(&es(Some("ec-jwks"), "ec2.pem"), NOW).is_none());
-        assert!(v.verify_at(&es(Some("rsa-jwks"), "ec.pem"), NOW).is_none());
-        // JWKS keys and configured keys together.
-        let v = verifier(&format!(
-            "{{jwks_file: jwks.json, keys: [{{alg: HS256, secret: {SECRET}, kid: h}}]}}"
-        ));
-        assert!(v.verify_at(&rs(Some("rsa-jwks"), "rsa.pem"), NOW).is_some());
-        let t = sign(Algorithm::HS256, Some("h"), &claims, &hs(SECRET));
-        assert!(v.verify_at(&t, NOW).is_some());
-    }
-
-    #[test]
     fn headers_claiming_other_keys_or_extensions_are_refused() {
         let v = hs_verifier();
         let claims = json!({"sub": "x"});
@@ -1245,190 +795,6 @@ mod tests {
         assert!(
             shown.contains("HS256") && !shown.contains(SECRET),
             "{shown}"
-        );
-        let raw: RawJwt =
-            serde_saphyr::from_str(&format!("keys: [{{alg: HS256, secret: {SECRET}}}]")).unwrap();
-        let shown = format!("{raw:?}");
-        assert!(
-            shown.contains("redacted") && !shown.contains(SECRET),
-            "{shown}"
-        );
-    }
-
-    /// The error's position and message.
-    fn err(yaml: &str) -> (usize, usize, String) {
-        let e = config_error(yaml);
-        (e.line, e.column, e.message)
-    }
-
-    #[test]
-    fn missing_or_bad_key_files_fail_the_load() {
-        let (line, col, msg) = err("keys:\n  - {alg: RS256, pem_file: nowhere.pem}\n");
-        assert_eq!((line, col), (2, 28));
-        assert!(
-            msg.contains("cannot read") && msg.contains("nowhere.pem"),
-            "{msg}"
-        );
-        let (line, col, msg) = err("keys: [{alg: HS256, secret_file: nowhere}]");
-        assert_eq!((line, col), (1, 34));
-        assert!(msg.contains("cannot read"), "{msg}");
-        let (line, col, msg) = err("jwks_file: nowhere.json");
-        assert_eq!((line, col), (1, 12));
-        assert!(msg.contains("cannot read"), "{msg}");
-        // The error names the file resolved against the policy's directory.
-        assert!(
-            msg.contains(&dir().join("nowhere.json").display().to_string()),
-            "{msg}"
-        );
-    }
-
-    #[test]
-    fn unusable_keys_fail_the_load() {
-        let cases = [
-            // Not PEM at all.
-            (
-                "keys: [{alg: RS256, pem: garbage}]",
-                "not an RSA public key",
-            ),
-            // A private key where the public one belongs.
-            (
-                "keys: [{alg: RS256, pem_file: rsa.pem}]",
-                "not an RSA public key",
-            ),
-            (
-                "keys: [{alg: ES256, pem_file: ec.pem}]",
-                "not a P-256 EC public key",
-            ),
-            // The other family's key.
-            (
-                "keys: [{alg: RS256, pem_file: ec.pub.pem}]",
-                "not an RSA public key",
-            ),
-            (
-                "keys: [{alg: ES256, pem_file: rsa.pub.pem}]",
-                "not a P-256 EC public key",
-            ),
-            (
-                "keys: [{alg: ES256, pem_file: jwks.json}]",
-                "not a P-256 EC public key",
-            ),
-            ("jwks_file: rsa.pub.pem", "not JSON"),
-            ("jwks_file: hs256.secret", "not JSON"),
-        ];
-        for (yaml, want) in cases {
-            let (_, _, msg) = err(yaml);
-            assert!(msg.contains(want), "{yaml}: {msg}");
-        }
-    }
-
-    #[test]
-    fn bad_jwks_documents_fail_the_load() {
-        let tmp = std::env::temp_dir().join(format!("sluice-jwks-{}", std::process::id()));
-        std::fs::create_dir_all(&tmp).unwrap();
-        let write = |name: &str, body: &Value| {
-            std::fs::write(tmp.join(name), body.to_string()).unwrap();
-            JwtVerifier::from_str(&format!("jwks_file: {name}"), tmp.join("p.yaml"))
-        };
-        let msg = |r: Result<JwtVerifier, PolicyError>| r.unwrap_err().message;
-        assert!(msg(write("a.json", &json!({"keys": []}))).contains("no RS256 or ES256"));
-        assert!(msg(write("b.json", &json!([]))).contains("`keys` array"));
-        let enc_only = json!({"keys": [
-            {"kty": "RSA", "use": "enc", "n": "AQAB", "e": "AQAB"},
-            {"kty": "EC", "crv": "P-384", "x": "AA", "y": "AA"},
-            {"kty": "oct", "k": "c2VjcmV0"},
-            {"kty": "RSA", "alg": "RS512", "n": "AQAB", "e": "AQAB"},
-        ]});
-        assert!(msg(write("c.json", &enc_only)).contains("no RS256 or ES256"));
-        let broken =
-            json!({"keys": [{"kty": "EC", "crv": "P-256", "kid": "k1", "x": "AAAA", "y": "AAAA"}]});
-        assert!(msg(write("d.json", &broken)).contains(r#"key "k1" is not a valid ES256"#));
-        let no_n = json!({"keys": [{"kty": "RSA", "e": "AQAB"}]});
-        assert!(msg(write("e.json", &no_n)).contains("key 0 is not a valid RS256"));
-        // Unsupported keys next to a good one are skipped.
-        let mut mixed: Value = serde_json::from_slice(&fixture("jwks.json")).unwrap();
-        mixed["keys"]
-            .as_array_mut()
-            .unwrap()
-            .extend(enc_only["keys"].as_array().unwrap().clone());
-        assert!(write("f.json", &mixed).is_ok());
-        std::fs::remove_dir_all(&tmp).unwrap();
-    }
-
-    #[test]
-    fn section_mistakes_are_placed() {
-        let e = err;
-        let (l, c, m) = e("keys: [{alg: HS512, secret: x}]");
-        assert_eq!((l, c), (1, 14));
-        assert!(m.contains("HS256, RS256 and ES256"), "{m}");
-        let (_, c, m) = e("keys: [{alg: none}]");
-        assert_eq!(c, 14);
-        assert!(m.contains("unsupported algorithm"), "{m}");
-        let (_, c, m) = e("keys: [{alg: HS256, secret: short}]");
-        assert_eq!(c, 29);
-        assert!(m.contains("at least 32 bytes"), "{m}");
-        let (_, c, m) = e(&format!("keys: [{{alg: HS256, secret: {SECRET}, pem: x}}]"));
-        assert_eq!(c, 71);
-        assert!(m.contains("not a PEM"), "{m}");
-        let (_, _, m) = e("keys: [{alg: RS256, secret: x}]");
-        assert!(m.contains("not a secret"), "{m}");
-        let (_, c, m) = e("keys: [{alg: RS256}]");
-        assert_eq!(c, 14);
-        assert!(m.contains("needs `pem` or `pem_file`"), "{m}");
-        let (_, _, m) = e("keys: [{alg: HS256}]");
-        assert!(m.contains("needs `secret` or `secret_file`"), "{m}");
-        let (_, _, m) = e(&format!(
-            "keys: [{{alg: HS256, secret: {SECRET}, secret_file: hs256.secret}}]"
-        ));
-        assert!(m.contains("not both"), "{m}");
-        let (_, _, m) = e("keys: [{alg: RS256, pem_file: rsa.pub.pem, pem: x}]");
-        assert!(m.contains("not both"), "{m}");
-        let (l, c, m) = e(
-            "keys: [{alg: RS256, pem_file: rsa.pub.pem, kid: a}, {alg: ES256, pem_file: ec.pub.pem, kid: a}]",
-        );
-        assert_eq!((l, c), (1, 93));
-        assert!(m.contains("another key"), "{m}");
-        let (_, _, m) =
-            e("{jwks_file: jwks.json, keys: [{alg: ES256, pem_file: ec.pub.pem, kid: ec-jwks}]}");
-        assert!(m.contains("another key"), "{m}");
-        let (_, _, m) = e("keys: [{alg: RS256, pem_file: rsa.pub.pem, kid: ''}]");
-        assert!(m.contains("must not be empty"), "{m}");
-        let (_, c, m) = e("{header: 'x token', keys: [{alg: RS256, pem_file: rsa.pub.pem}]}");
-        assert_eq!(c, 10);
-        assert!(m.contains("not an HTTP header name"), "{m}");
-        let (_, _, m) = e("{issuer: '', keys: [{alg: RS256, pem_file: rsa.pub.pem}]}");
-        assert!(m.contains("`issuer` must not be empty"), "{m}");
-        let (l, c, m) = e("issuer: x\n");
-        assert_eq!((l, c), (1, 1));
-        assert!(m.contains("at least one key"), "{m}");
-        let (_, _, m) = e("keys: []");
-        assert!(m.contains("at least one key"), "{m}");
-        // Parse errors: unknown fields and negative leeway.
-        let (_, _, m) = e("{keys: [{alg: RS256, pem_file: rsa.pub.pem}], audiences: [a]}");
-        assert!(m.contains("audiences"), "{m}");
-        let (_, _, m) = e("keys: [{alg: RS256, pem_file: rsa.pub.pem, secrets: x}]");
-        assert!(m.contains("secrets"), "{m}");
-        let (l, c, _) = e("leeway: -1\nkeys: [{alg: RS256, pem_file: rsa.pub.pem}]");
-        assert_eq!((l, c), (1, 9));
-    }
-
-    #[test]
-    fn config_error_converts_with_the_section_as_fallback() {
-        let raw: Spanned<RawJwt> = serde_saphyr::from_str("\n\n  issuer: x\n").unwrap();
-        let e = JwtVerifier::build(&raw.value, Path::new(".")).unwrap_err();
-        assert!(e.location.is_none());
-        assert!(e.to_string().contains("at least one key"));
-        let invalid = e.into_invalid(&raw);
-        assert_eq!(invalid.pos, Pos::from(&raw));
-        let raw: Spanned<RawJwt> =
-            serde_saphyr::from_str("keys: [{alg: RS256, pem_file: nope.pem}]").unwrap();
-        let e = JwtVerifier::build(&raw.value, Path::new(".")).unwrap_err();
-        assert!(e.to_string().starts_with("1:31: cannot read"), "{e}");
-        assert_eq!(
-            e.into_invalid(&raw).pos,
-            Pos {
-                line: 1,
-                column: 31
-            }
         );
     }
 
