@@ -8,4 +8,4 @@ mod service;
 
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
-pub use service::RateLimit;
+pub use service::{PolicySnapshot, RateLimit};

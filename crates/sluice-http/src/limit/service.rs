@@ -7,6 +7,7 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body_util::{Either, Full};
 use sluice_core::Store;
+use sluice_policy::Policy;
 use tower_service::Service;
 
 use super::ResponseFuture;
@@ -15,6 +16,21 @@ use crate::headers::{
 };
 use crate::request::{HttpRequest, peer};
 use sluice_engine::Enforcer;
+
+/// The policy an allowed request was decided by, in the request's
+/// extensions for the service behind the layer: a reload while the request
+/// is on its way does not change which policy it was seen through.
+///
+/// ```
+/// use std::sync::Arc;
+/// use sluice_http::PolicySnapshot;
+/// use sluice_policy::Policy;
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(PolicySnapshot(Arc::new(Policy::default())));
+/// assert!(req.extensions().get::<PolicySnapshot>().is_some());
+/// ```
+#[derive(Debug, Clone)]
+pub struct PolicySnapshot(pub Arc<Policy>);
 
 /// A service whose requests pass a policy's rules first.
 ///
@@ -62,7 +78,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         // The service that was polled ready is the one that must be called;
         // a fresh clone stays behind for the next request.
         let clone = self.inner.clone();
@@ -91,6 +107,9 @@ where
                 res.extensions_mut().insert(verdict);
                 return Ok(res);
             }
+            // What the request was decided by, for the service behind to
+            // use the same policy (the proxy's forwarding headers).
+            req.extensions_mut().insert(PolicySnapshot(policy));
             let res = inner.call(req).await?;
             let mut res = res.map(Either::Left);
             set_rate_limit_headers(&verdict, res.headers_mut());

@@ -24,7 +24,7 @@ use hyper::upgrade::OnUpgrade;
 use hyper_util::rt::TokioIo;
 use sluice_core::Store;
 use sluice_engine::Enforcer;
-use sluice_http::{PROBLEM_JSON, PeerAddr, Problem};
+use sluice_http::{PROBLEM_JSON, PeerAddr, PolicySnapshot, Problem};
 
 use super::Upstream;
 use super::body::{BodyStalled, SentBody};
@@ -132,7 +132,13 @@ impl<S: Store + 'static> Forward<S> {
             headers.insert(CONNECTION, HeaderValue::from_static("upgrade"));
             headers.insert(UPGRADE, protocol);
         }
-        let trusted = peer.is_some_and(|p| self.enforcer.policy().trusted_proxies().contains(p));
+        // The policy the request was decided by; a reload since then does
+        // not change whose forwarding headers are believed.
+        let policy = match parts.extensions.remove::<PolicySnapshot>() {
+            Some(PolicySnapshot(policy)) => policy,
+            None => self.enforcer.policy(),
+        };
+        let trusted = peer.is_some_and(|p| policy.trusted_proxies().contains(p));
         add_forwarded(&mut headers, peer, host.as_ref(), trusted);
 
         let (body, sent) = SentBody::new(body, self.upstream.body_timeout());
