@@ -9,6 +9,7 @@ pub mod cli;
 mod duration;
 pub mod listen;
 mod numbers;
+pub mod openapi;
 pub mod proxy;
 mod reload;
 mod replay;

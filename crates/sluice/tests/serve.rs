@@ -18,7 +18,7 @@ use sluice::serve::{AnyStore, AppState, MAX_BODY, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
-use support::{Process as Server, eventually, free_port, get_text, serve_args};
+use support::{Process as Server, eventually, free_port, get_text, serve_args, spawn_sluice};
 use tower::ServiceExt;
 
 const POLICY: &str = r#"
@@ -325,15 +325,7 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
 /// the process, the HTTP base URL and the gRPC address.
 async fn spawn_serve(policy: &std::path::Path) -> (Server, String, String) {
     let (args, http, grpc) = serve_args(policy);
-    let server = Server(
-        Command::new(env!("CARGO_BIN_EXE_sluice"))
-            .args(args)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .unwrap(),
-    );
+    let server = spawn_sluice(args);
     let base = format!("http://{http}");
     let client = reqwest::Client::new();
     eventually(Duration::from_secs(10), "the server to start", async || {

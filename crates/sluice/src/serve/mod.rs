@@ -20,7 +20,7 @@ use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-pub use api::{Api, AppState, MAX_BODY, app};
+pub use api::{Api, AppState, MAX_BODY, app, paths};
 pub use metrics::Metrics;
 pub use rls::{Rls, serve_grpc};
 pub use store::AnyStore;

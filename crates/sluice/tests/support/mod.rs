@@ -38,6 +38,22 @@ impl Process {
     }
 }
 
+/// Starts the `sluice` binary with `args`, its output discarded and its
+/// log quiet but for warnings.
+pub(crate) fn spawn_sluice<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> Process {
+    Process(
+        std::process::Command::new(env!("CARGO_BIN_EXE_sluice"))
+            .args(args)
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    )
+}
+
 /// A loopback port that was free a moment ago.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
