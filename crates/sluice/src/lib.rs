@@ -10,6 +10,7 @@ mod duration;
 mod flags;
 pub mod listen;
 mod numbers;
+pub mod openapi;
 pub mod proxy;
 mod replay;
 pub mod serve;

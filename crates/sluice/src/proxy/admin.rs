@@ -1,5 +1,5 @@
-//! The proxy's optional admin listener: `/metrics`, `/healthz` and
-//! `/readyz`, on their own address so that they are never proxied and
+//! The proxy's optional admin listener: `/metrics`, `/healthz`, `/readyz`
+//! and `/openapi.json`, on their own address so that they are never proxied and
 //! never rate limited.
 
 use std::sync::Arc;
@@ -7,11 +7,12 @@ use std::sync::Arc;
 use arc_swap::ArcSwapOption;
 use axum::Router;
 use axum::extract::State;
+use axum::http::StatusCode;
 use axum::response::Response;
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use sluice_engine::Enforcer;
 
-use crate::server::{AnyStore, Metrics, metrics_page, readiness};
+use crate::server::{AnyStore, Metrics, metrics_page, problem, readiness};
 
 /// What the admin endpoints look at, and where a policy reload goes.
 pub(crate) struct Admin {
@@ -20,12 +21,46 @@ pub(crate) struct Admin {
     pub(crate) metrics: Option<Metrics>,
 }
 
+/// Every route of the admin router. `/openapi.json` must describe each
+/// path, which the tests check against [`paths`].
+fn routes() -> [(&'static str, MethodRouter<Arc<Admin>>); 4] {
+    [
+        ("/metrics", get(metrics)),
+        ("/healthz", get(|| async { "ok\n" })),
+        ("/readyz", get(readyz)),
+        ("/openapi.json", get(openapi)),
+    ]
+}
+
+/// The paths the proxy's admin listener answers.
+///
+/// ```
+/// assert!(sluice::proxy::admin_paths().contains(&"/readyz"));
+/// ```
+pub fn paths() -> Vec<&'static str> {
+    routes().map(|(path, _)| path).into()
+}
+
 pub(crate) fn router(admin: Arc<Admin>) -> Router {
-    Router::new()
-        .route("/metrics", get(metrics))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz))
+    routes()
+        .into_iter()
+        .fold(Router::new(), |router, (path, method)| {
+            router.route(path, method)
+        })
         .with_state(admin)
+}
+
+/// `serve`'s description, narrowed to the admin listener's paths. Built
+/// per request: it is asked for rarely, and a static would buy nothing.
+async fn openapi() -> Response {
+    let description = "The admin listener of `sluice proxy` (`--admin`): metrics, health and readiness, on their own address so that they are never proxied and never rate limited. A path not described here is a 404, and a method a path does not take a 405 with `Allow`; both have empty bodies.";
+    match crate::openapi::narrowed(&paths(), "Sluice proxy admin port", description) {
+        Ok(doc) => crate::openapi::response(doc),
+        Err(e) => problem(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            format!("the description could not be built: {e}"),
+        ),
+    }
 }
 
 async fn metrics(State(s): State<Arc<Admin>>) -> Response {

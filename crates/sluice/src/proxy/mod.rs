@@ -54,6 +54,7 @@ use sluice_http::{PeerAddr, RateLimitLayer};
 use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
+pub use admin::paths as admin_paths;
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
 use crate::flags::{PolicyFile, StoreFlag};

@@ -15,7 +15,7 @@ use axum::body::{Body, Bytes};
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::{get, post};
+use axum::routing::{MethodRouter, get, post};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
@@ -153,16 +153,41 @@ where
     }
 }
 
+/// Every route of the router. `/openapi.json` must describe each path,
+/// which the tests check against [`paths`].
+fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 9]
+{
+    [
+        ("/v1/limit", post(limit::<C>)),
+        ("/v1/check", post(check::<C>)),
+        ("/v1/reset", post(reset::<C>)),
+        ("/v1/value", get(value::<C>)),
+        ("/v1/decide", post(decide::<C>)),
+        ("/metrics", get(metrics::<C>)),
+        ("/healthz", get(|| async { "ok\n" })),
+        ("/readyz", get(readyz::<C>)),
+        (
+            "/openapi.json",
+            get(|| async { crate::openapi::response(crate::openapi::SERVE) }),
+        ),
+    ]
+}
+
+/// The paths the decision API answers.
+///
+/// ```
+/// assert!(sluice::serve::paths().contains(&"/v1/limit"));
+/// ```
+pub fn paths() -> Vec<&'static str> {
+    routes::<SystemClock>().map(|(path, _)| path).into()
+}
+
 fn router<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
-    Router::new()
-        .route("/v1/limit", post(limit::<C>))
-        .route("/v1/check", post(check::<C>))
-        .route("/v1/reset", post(reset::<C>))
-        .route("/v1/value", get(value::<C>))
-        .route("/v1/decide", post(decide::<C>))
-        .route("/metrics", get(metrics::<C>))
-        .route("/healthz", get(|| async { "ok\n" }))
-        .route("/readyz", get(readyz::<C>))
+    routes::<C>()
+        .into_iter()
+        .fold(Router::new(), |router, (path, method)| {
+            router.route(path, method)
+        })
         .fallback(|| async { problem(StatusCode::NOT_FOUND, "no such endpoint".into()) })
         .method_not_allowed_fallback(|| async {
             problem(

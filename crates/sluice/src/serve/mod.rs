@@ -19,7 +19,7 @@ use sluice_policy::Policy;
 use tokio::net::TcpListener;
 use tower::ServiceExt;
 
-pub use api::{Api, AppState, MAX_BODY, app};
+pub use api::{Api, AppState, MAX_BODY, app, paths};
 pub use rls::{Rls, serve_grpc};
 // What an `AppState` is made of, so that one can be built from here alone.
 pub use crate::server::{AnyStore, Metrics};

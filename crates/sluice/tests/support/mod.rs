@@ -89,6 +89,13 @@ pub(crate) fn policy_file(text: &str) -> (tempfile::TempDir, PathBuf) {
     (dir, path)
 }
 
+/// Starts the `sluice` binary with `args`, as [`sluice`] runs it.
+pub(crate) fn spawn_sluice<S: AsRef<std::ffi::OsStr>>(
+    args: impl IntoIterator<Item = S>,
+) -> Process {
+    Process(sluice().args(args).spawn().unwrap())
+}
+
 /// A loopback port that was free a moment ago.
 pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
