@@ -15,7 +15,7 @@ use support::proxy::{
     GENEROUS, Proxy, Raw, THREE, header, noise, pair, spawn_proxy, start_proxy, start_proxy_to,
 };
 use support::upstream::{one_request_upstream, start_upstream};
-use support::{PATIENCE, eventually, get_text, policy_file};
+use support::{PATIENCE, eventually, get_json, get_text, policy_file};
 
 use bytes::Bytes;
 use http_body_util::BodyExt;
@@ -83,14 +83,7 @@ async fn admitted_requests_reach_the_upstream_intact_with_rate_limit_headers() {
 
     // Under a base path, the request's path goes below it.
     let based = start_proxy(GENEROUS, &format!("http://{up}/base/"), PATIENCE).await;
-    let got: Value = client
-        .get(based.url("/v1/x?y=1"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let got = get_json(&client, based.url("/v1/x?y=1")).await;
     assert_eq!(
         (&got["path"], &got["query"]),
         (&json!("/base/v1/x"), &json!("y=1"))

@@ -14,10 +14,14 @@ use sluice::listen::{Limits, Listener};
 use sluice::serve::{AnyStore, AppState, MAX_BODY};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
-use support::serve::{POLICY, call, check_send_message, in_pieces, spawn_serve, state, state_of};
+use support::serve::{
+    POLICY, call, check_send_message, get, in_pieces, spawn_serve, state, state_of,
+};
 #[cfg(unix)]
 use support::signal;
-use support::{Process as Server, eventually, free_port, get_text, metric, policy_file, sluice};
+use support::{
+    Process as Server, eventually, free_port, get_json, get_text, metric, policy_file, sluice,
+};
 
 #[tokio::test]
 async fn named_limits_consume_check_reserve_reset_and_read() {
@@ -40,27 +44,13 @@ async fn named_limits_consume_check_reserve_reset_and_read() {
     let (st, _, j) = call(&s, "POST", "/v1/limit", body(3.0, true), None).await;
     assert_eq!((st, &j["allowed"]), (200, &true.into()));
     assert_eq!(j["retry_after"], 18.0);
-    let (st, _, j) = call(
-        &s,
-        "GET",
-        "/v1/value?limit=sendMessage&key=u1",
-        Body::empty(),
-        None,
-    )
-    .await;
+    let (st, _, j) = get(&s, "/v1/value?limit=sendMessage&key=u1").await;
     assert_eq!(st, 200);
     assert!(j["tokens"].as_f64().unwrap() < -2.9);
     let reset = serde_json::json!({"limit": "sendMessage", "key": "u1"}).to_string();
     let (st, _, _) = call(&s, "POST", "/v1/reset", reset, Some("Bearer s3cret")).await;
     assert_eq!(st, 200);
-    let (st, _, j) = call(
-        &s,
-        "GET",
-        "/v1/value?limit=sendMessage&key=u1",
-        Body::empty(),
-        None,
-    )
-    .await;
+    let (st, _, j) = get(&s, "/v1/value?limit=sendMessage&key=u1").await;
     assert_eq!((st, &j["tokens"]), (200, &2.0.into()));
 }
 
@@ -81,14 +71,7 @@ async fn reset_without_the_admin_token_is_refused_and_changes_nothing_and_the_sc
         assert_eq!(ctype, "application/problem+json");
         assert_eq!(j["status"], 401);
     }
-    let (_, _, j) = call(
-        &s,
-        "GET",
-        "/v1/value?limit=sendMessage&key=u1",
-        Body::empty(),
-        None,
-    )
-    .await;
+    let (_, _, j) = get(&s, "/v1/value?limit=sendMessage&key=u1").await;
     assert_eq!(j["tokens"], 0.0);
     // The scheme is case-insensitive (RFC 9110 §11.1); the token is not.
     for auth in ["bearer s3cret", "BEARER  s3cret"] {
@@ -153,14 +136,7 @@ async fn bad_input_gets_a_4xx_problem() {
         assert_eq!(ctype, "application/problem+json", "{uri} {shown}");
         assert_eq!(j["status"], want, "{uri} {shown}");
     }
-    let (st, _, _) = call(
-        &s,
-        "GET",
-        "/v1/value?limit=sendMessage",
-        Body::empty(),
-        None,
-    )
-    .await;
+    let (st, _, _) = get(&s, "/v1/value?limit=sendMessage").await;
     assert_eq!(st, 400);
     // A method an endpoint does not take is a problem too, on the decision
     // calls (answered before the router) as on the others.
@@ -291,14 +267,7 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
         async || ready().await == Some(503),
     )
     .await;
-    let why: serde_json::Value = client
-        .get(format!("{base}/readyz"))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let why = get_json(&client, format!("{base}/readyz")).await;
     assert!(why["detail"].as_str().unwrap().contains("rps"), "{why}");
     assert_eq!(limit("k", 1).await.unwrap().status(), 429);
 

@@ -137,6 +137,15 @@ pub(crate) async fn eventually(within: Duration, what: &str, mut check: impl Asy
     }
 }
 
+/// The body of a GET, as JSON; the request must succeed.
+#[allow(dead_code)]
+pub(crate) async fn get_json(
+    client: &reqwest::Client,
+    url: impl reqwest::IntoUrl,
+) -> serde_json::Value {
+    client.get(url).send().await.unwrap().json().await.unwrap()
+}
+
 /// The body of a GET, as text; the request must succeed.
 pub(crate) async fn get_text(client: &reqwest::Client, url: &str) -> String {
     client.get(url).send().await.unwrap().text().await.unwrap()

@@ -50,6 +50,14 @@ pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeCl
 
 /// Sends one request to the API of `s` and returns the status, the
 /// content type and the body as JSON (`null` when it is none).
+/// `GET uri` without credentials: [`call`]'s status, content type and body.
+pub(crate) async fn get<C: sluice_core::Clock + Send + Sync + 'static>(
+    s: &Arc<AppState<C>>,
+    uri: &str,
+) -> (u16, String, serde_json::Value) {
+    call(s, "GET", uri, Body::empty(), None).await
+}
+
 pub(crate) async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
     s: &Arc<AppState<C>>,
     method: &str,
