@@ -896,3 +896,18 @@ fn a_transaction_mixes_sliding_and_bucket_limits_all_or_nothing() {
     assert_eq!(out.decisions[1].remaining, 0);
     assert_eq!(h.tokens(&log), 0.0);
 }
+
+#[test]
+fn one_name_as_a_bucket_and_a_log_in_one_transaction_is_refused() {
+    let h = H::new();
+    let bucket = Limit::new("same", TokenBucket::new(1.0, 5.0).unwrap());
+    let log = Limit::new("same", SlidingLog::per_period(5.0, Nanos(S)).unwrap());
+    let ops = [Op::new(&bucket, "k", 1.0), Op::new(&log, "k", 1.0)];
+    let err = h.store.transact_now(&ops, Mode::CONSUME).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("as both a token_bucket and a sliding_log"),
+        "{err}"
+    );
+    assert_eq!(h.tokens(&bucket), 5.0, "nothing was spent");
+}

@@ -226,8 +226,10 @@ impl Stripe {
     /// The table of `limit`, created on first use. A changed configuration
     /// takes effect at once and keeps the stored tokens; what the key cap
     /// forgot is carried over as the new configuration would count it. A
-    /// change to another kind of algorithm forgets every key as the cap
-    /// would, after moving the stripe's hot keys (`hot`) back.
+    /// change to an algorithm whose states are of another kind (between the
+    /// two-number ones, the sliding window and the sliding log) forgets
+    /// every key as the cap would, after moving the stripe's hot keys
+    /// (`hot`) back.
     fn table(&mut self, limit: &Limit, now: Nanos, hot: &Hot) -> usize {
         if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
             return i;
@@ -239,7 +241,7 @@ impl Stripe {
         {
             Some(i) => {
                 let (from, to) = (self.tables[i].alg(), *limit.shard_algorithm());
-                if std::mem::discriminant(&from) != std::mem::discriminant(&to) {
+                if !Kind::same_states(&from, &to) {
                     hot.drain(|held| self.write_back(held));
                     self.tables[i].forget_all(now);
                     self.recount();
@@ -969,10 +971,10 @@ fn sliding_pending(pending: &[(Slot, Write)], slot: Slot) -> Option<Next> {
         })
 }
 
-/// Refuses a transaction that names one limit with two kinds of algorithm
-/// (two handles of one name configured differently): their states could
-/// not share a table. Only a sliding algorithm can make that matter, so a
-/// transaction without one is not looked at.
+/// Refuses a transaction that names one limit with algorithms whose states
+/// are of different kinds (two handles of one name configured
+/// differently): they could not share a table. Only a sliding algorithm
+/// can make that matter, so a transaction without one is not looked at.
 fn same_kind_per_name(ops: &[Op<'_>]) -> Result<(), StoreError> {
     let sliding = |op: &Op<'_>| Kind::of(op.limit.shard_algorithm()).is_some();
     if !ops.iter().any(sliding) {
@@ -981,9 +983,7 @@ fn same_kind_per_name(ops: &[Op<'_>]) -> Result<(), StoreError> {
     for (i, a) in ops.iter().enumerate() {
         let (alg_a, name) = (a.limit.shard_algorithm(), a.limit.name());
         if let Some(b) = ops[i + 1..].iter().find(|b| {
-            b.limit.name() == name
-                && std::mem::discriminant(b.limit.shard_algorithm())
-                    != std::mem::discriminant(alg_a)
+            b.limit.name() == name && !Kind::same_states(b.limit.shard_algorithm(), alg_a)
         }) {
             return Err(StoreError::Unavailable(format!(
                 "limit {name:?} appears in one transaction as both a {} and a {}",

@@ -61,6 +61,18 @@ impl Kind<'_> {
             Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) => None,
         }
     }
+
+    /// Whether `a` and `b` keep states of one kind: both in two numbers
+    /// (a token bucket's and a fixed window's are read one as the other),
+    /// both sliding windows, or both sliding logs.
+    pub(super) fn same_states(a: &Algorithm, b: &Algorithm) -> bool {
+        matches!(
+            (Kind::of(a), Kind::of(b)),
+            (None, None)
+                | (Some(Kind::Window(_)), Some(Kind::Window(_)))
+                | (Some(Kind::Log(_)), Some(Kind::Log(_)))
+        )
+    }
 }
 
 /// What an admitted operation writes, held until its transaction commits.
