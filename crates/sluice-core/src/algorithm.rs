@@ -107,10 +107,8 @@ pub(crate) fn prepare(
 ) -> Pending {
     let State { tokens, ts } = match alg {
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
-        Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
-            fw_roll(&alg.as_fixed(), state, offset, now)
-        }
+        // A sliding algorithm is read as a fixed window (see above).
+        _ => fw_roll(&alg.as_fixed(), state, offset, now),
     };
     Pending {
         available: tokens,
@@ -136,10 +134,7 @@ impl Pending {
     pub(crate) fn decision(&self, alg: &Algorithm, now: Nanos) -> Decision {
         match alg {
             Algorithm::TokenBucket(tb) => self.token_bucket(tb),
-            Algorithm::FixedWindow(fw) => self.fixed_window(fw, now),
-            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
-                self.fixed_window(&alg.as_fixed(), now)
-            }
+            _ => self.fixed_window(&alg.as_fixed(), now),
         }
     }
 
@@ -254,6 +249,15 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
     }
 }
 
+/// [`fw_roll`] for a sliding algorithm, read as a fixed window (see the
+/// module's documentation): out of line, so that it costs the others
+/// nothing.
+#[cold]
+#[inline(never)]
+fn sliding_as_fixed(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
+    fw_roll(&alg.as_fixed(), state, offset, now)
+}
+
 /// Seconds from `now` until the start of the window that is `windows`
 /// windows after the one starting at `ts`.
 #[inline]
@@ -304,7 +308,7 @@ pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
         Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
         Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
-            fw_roll(&alg.as_fixed(), state, offset, now)
+            sliding_as_fixed(alg, state, offset, now)
         }
     };
     Value {

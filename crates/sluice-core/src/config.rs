@@ -383,7 +383,10 @@ impl SlidingLog {
 /// let a = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap());
 /// assert_eq!(a.capacity(), 5.0);
 /// ```
+// An explicit tag byte: it is matched on several times a call, and one
+// packed into a niche takes more instructions to read.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(u8)]
 pub enum Algorithm {
     /// See [`TokenBucket`].
     TokenBucket(TokenBucket),
@@ -453,7 +456,14 @@ impl Algorithm {
     /// ```
     #[inline]
     pub fn reserves(&self) -> bool {
-        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
+        !self.is_sliding()
+    }
+
+    /// Whether this is a sliding window or a sliding log, whose states are
+    /// not two numbers (see [`crate::sliding`]).
+    #[inline]
+    pub(crate) fn is_sliding(&self) -> bool {
+        matches!(self, Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_))
     }
 
     /// The name a policy file gives the algorithm.
@@ -493,7 +503,7 @@ impl Algorithm {
     /// The fixed window of the same rate, period and start: how the
     /// two-number functions of [`crate::algorithm`] read a sliding
     /// algorithm, whose state they cannot hold.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn as_fixed(&self) -> FixedWindow {
         let (rate, period, start) = match self {
             Algorithm::TokenBucket(tb) => (tb.tokens, tb.period, None),
@@ -561,12 +571,20 @@ impl Algorithm {
     /// ```
     #[inline]
     pub fn max_cost(&self, reserve: bool) -> f64 {
-        let reserved = if reserve || self.max_reserved().is_some() {
+        // One match for what every call needs; `reservable` only for the
+        // calls that may reserve.
+        let (capacity, max_reserved) = match self {
+            Algorithm::TokenBucket(tb) => (tb.burst, tb.max_reserved),
+            Algorithm::FixedWindow(fw) => (fw.capacity, fw.max_reserved),
+            Algorithm::SlidingWindow(sw) => (sw.rate, None),
+            Algorithm::SlidingLog(sl) => (sl.rate, None),
+        };
+        let reserved = if reserve || max_reserved.is_some() {
             self.reservable()
         } else {
             0.0
         };
-        (self.capacity() + reserved).min(MAX_EXACT_TOKENS)
+        (capacity + reserved).min(MAX_EXACT_TOKENS)
     }
 
     /// The same algorithm with rate, capacity and `max_reserved` divided by `n`.
@@ -605,6 +623,36 @@ struct LimitInner {
     algorithm: Algorithm,
     shards: u32,
     shard_algorithm: Algorithm,
+    facts: Facts,
+}
+
+/// What every call asks of a limit's shard algorithm, worked out once: each
+/// would otherwise be a match on the algorithm, on the hot path.
+#[derive(Clone, Copy)]
+struct Facts {
+    capacity: f64,
+    /// [`Algorithm::max_cost`] without and with reserving.
+    max_cost: [f64; 2],
+    sliding: bool,
+    /// The period of windows aligned per key (no `start`), whose offset is
+    /// a hash of the key modulo it.
+    own_windows: Option<i64>,
+}
+
+impl Facts {
+    fn of(alg: &Algorithm) -> Facts {
+        let own_windows = match alg {
+            Algorithm::FixedWindow(fw) if fw.start.is_none() => Some(fw.period.0),
+            Algorithm::SlidingWindow(sw) if sw.start.is_none() => Some(sw.period.0),
+            _ => None,
+        };
+        Facts {
+            capacity: alg.capacity(),
+            max_cost: [alg.max_cost(false), alg.max_cost(true)],
+            sliding: alg.is_sliding(),
+            own_windows,
+        }
+    }
 }
 
 /// A named limit. Cloning is cheap; stores keep one state per (limit name, key).
@@ -636,6 +684,7 @@ impl Limit {
                 algorithm,
                 shards: 1,
                 shard_algorithm: algorithm,
+                facts: Facts::of(&algorithm),
             }),
         }
     }
@@ -646,13 +695,15 @@ impl Limit {
         if n == 0 {
             return Err(ConfigError::Shards);
         }
+        let shard_algorithm = self.inner.algorithm.split(n);
         Ok(Limit {
             inner: Arc::new(LimitInner {
                 name: self.inner.name.clone(),
                 name_tag: self.inner.name_tag,
                 algorithm: self.inner.algorithm,
                 shards: n,
-                shard_algorithm: self.inner.algorithm.split(n),
+                shard_algorithm,
+                facts: Facts::of(&shard_algorithm),
             }),
         })
     }
@@ -692,6 +743,33 @@ impl Limit {
     #[inline]
     pub fn shard_algorithm(&self) -> &Algorithm {
         &self.inner.shard_algorithm
+    }
+
+    /// [`Algorithm::capacity`] of the shard algorithm.
+    #[inline]
+    pub(crate) fn shard_capacity(&self) -> f64 {
+        self.inner.facts.capacity
+    }
+
+    /// [`Algorithm::max_cost`] of the shard algorithm.
+    #[inline]
+    pub(crate) fn max_cost(&self, reserve: bool) -> f64 {
+        self.inner.facts.max_cost[usize::from(reserve)]
+    }
+
+    /// Whether the shard algorithm is a sliding one.
+    #[inline]
+    pub(crate) fn is_sliding(&self) -> bool {
+        self.inner.facts.sliding
+    }
+
+    /// [`crate::algorithm::key_offset`] of `key` under the shard algorithm.
+    #[inline]
+    pub(crate) fn key_offset(&self, key: &str) -> i64 {
+        match self.inner.facts.own_windows {
+            Some(period) => crate::algorithm::window_offset(key.as_bytes(), period),
+            None => 0,
+        }
     }
 }
 

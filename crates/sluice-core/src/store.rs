@@ -177,13 +177,12 @@ impl<'a> Op<'a> {
     /// ```
     #[inline]
     pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
-        let alg = self.limit.shard_algorithm();
-        let max = alg.max_cost(reserve);
+        let max = self.limit.max_cost(reserve);
         // One test for the common case; NaN fails every comparison.
         if self.cost >= 0.0
             && self.cost <= max
             && self.cost != f64::INFINITY
-            && (!reserve || alg.reserves())
+            && (!reserve || !self.limit.is_sliding())
         {
             return Ok(());
         }

@@ -66,8 +66,9 @@ struct Table {
     /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
     entries: Slots,
-    /// The states of a sliding algorithm's keys (empty for the others).
-    sliding: Sliding,
+    /// The states of a sliding algorithm's keys (empty for the others);
+    /// boxed, so that the table stays small for the others.
+    sliding: Box<Sliding>,
     /// Keys the cap dropped before they were full; made at the first such
     /// drop, so a store without a cap, or that never reaches it, has none.
     ghosts: Option<Box<Ghosts>>,
@@ -165,7 +166,7 @@ impl Table {
             times.extend(self.sliding.empty_times(kind));
         }
         self.entries = Slots::default();
-        self.sliding = Sliding::default();
+        *self.sliding = Sliding::default();
         let room = times.len().max(1);
         let ghosts = self
             .ghosts
@@ -261,7 +262,7 @@ impl Stripe {
                 self.tables.push(Table {
                     limit: limit.clone(),
                     entries: Slots::default(),
-                    sliding: Sliding::default(),
+                    sliding: Box::default(),
                     ghosts: None,
                 });
                 self.tables.len() - 1
@@ -611,22 +612,22 @@ impl<C: Clock> MemoryStore<C> {
     fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
         op.validate(mode.reserve)?;
         let alg = op.limit.shard_algorithm();
-        let offset = algorithm::key_offset(alg, op.key);
+        let offset = op.limit.key_offset(op.key);
         let fp = self.fingerprint(op.key, 0);
         // Read before the lock to keep the critical section short. A thread
         // that read an earlier time and locks later sees a state from its
         // future, which the algorithms treat as no time elapsed.
         let now = self.clock.now();
         let lane = &self.stripes[self.lock_index(fp)].0;
-        if let Some(kind) = Kind::of(alg) {
-            return Ok(self.sliding_single(op, mode, lane, fp, (kind, offset, now)));
+        if op.limit.is_sliding() {
+            return Ok(self.sliding_single(op, mode, lane, fp, (offset, now)));
         }
         let tag = hint_tag(fp, op.limit);
         let step = |s| {
             let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
             (p.next(), move || p.decision(alg, now))
         };
-        let cap = alg.capacity();
+        let cap = op.limit.shard_capacity();
         if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
             return Ok(d);
         }
@@ -648,7 +649,7 @@ impl<C: Clock> MemoryStore<C> {
             let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
             (p.next(), move || p.decision(alg, now))
         };
-        let cap = alg.capacity();
+        let cap = op.limit.shard_capacity();
         let (mut guard, contended) = match lane.lock.try_lock() {
             Some(g) => (g, false),
             None => (lane.lock.lock(), true),
@@ -699,8 +700,19 @@ impl<C: Clock> MemoryStore<C> {
         mode: Mode,
         lane: &Lane,
         fp: u64,
-        (kind, offset, now): (Kind<'_>, i64, Nanos),
+        (offset, now): (i64, Nanos),
     ) -> Decision {
+        let alg = op.limit.shard_algorithm();
+        let Some(kind) = Kind::of(alg) else {
+            // Only sliding algorithms come here.
+            return self.single_locked(
+                op,
+                mode,
+                lane,
+                (fp, hint_tag(fp, op.limit)),
+                (alg, offset, now),
+            );
+        };
         let mut guard = lane.lock.lock();
         let stripe = &mut *guard;
         let t = stripe.table(op.limit, now, &lane.hot);
