@@ -489,6 +489,11 @@ impl Log {
                 ok
             }
             _ => {
+                // Most keys log one call at a time: room for just that one
+                // at first, instead of the four a first push makes room for.
+                if self.entries.capacity() == 0 {
+                    self.entries.reserve_exact(1);
+                }
                 self.entries.push_back(Entry { t: now, cost });
                 true
             }
