@@ -129,10 +129,12 @@ fn main() {
 
 /// The token bucket against governor; returns the cases measured.
 fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
-    if !KEY_COUNTS.iter().any(|(k, _)| {
+    let name =
+        |case: Case, keys: &str, threads: usize| format!("{}/{keys}/{threads}threads", case.name());
+    if !KEY_COUNTS.iter().any(|&(k, _)| {
         Case::ALL
             .iter()
-            .any(|c| wanted(&format!("{}/{k}/", c.name())))
+            .any(|&c| [1, 2].iter().any(|&t| wanted(&name(c, k, t))))
     }) {
         return 0;
     }
@@ -147,16 +149,15 @@ fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
     );
     let mut measured = 0;
     for (keys_name, n) in KEY_COUNTS {
-        if !Case::ALL.iter().any(|c| {
-            [1, 2]
-                .iter()
-                .any(|t| wanted(&format!("{}/{keys_name}/{t}threads", c.name())))
-        }) {
+        if !Case::ALL
+            .iter()
+            .any(|&c| [1, 2].iter().any(|&t| wanted(&name(c, keys_name, t))))
+        {
             continue;
         }
         let keys = keys(n);
         for case in Case::ALL {
-            let names = [1usize, 2].map(|t| format!("{}/{keys_name}/{t}threads", case.name()));
+            let names = [1usize, 2].map(|t| name(case, keys_name, t));
             if !names.iter().any(|n| wanted(n)) {
                 continue;
             }

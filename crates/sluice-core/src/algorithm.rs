@@ -11,7 +11,7 @@
 //! the functions here read the [`State`] as a fixed window of the same rate,
 //! period and start, so that they stay total, but no store relies on that.
 
-use crate::config::{Algorithm, FixedWindow, TokenBucket};
+use crate::config::{Algorithm, FixedWindow, Limit, TokenBucket};
 use crate::decision::{Decision, Value};
 use crate::time::Nanos;
 
@@ -456,6 +456,15 @@ pub fn key_offset(alg: &Algorithm, key: &str) -> i64 {
             window_offset(key.as_bytes(), sw.period().0)
         }
         _ => 0,
+    }
+}
+
+/// [`key_offset`] under a limit's shard algorithm, without matching on it.
+#[inline]
+pub(crate) fn limit_key_offset(limit: &Limit, key: &str) -> i64 {
+    match limit.own_windows() {
+        Some(period) => window_offset(key.as_bytes(), period),
+        None => 0,
     }
 }
 

@@ -763,13 +763,11 @@ impl Limit {
         self.inner.facts.sliding
     }
 
-    /// [`crate::algorithm::key_offset`] of `key` under the shard algorithm.
+    /// The period of the shard algorithm's windows when each key has its
+    /// own phase (windows without a `start`).
     #[inline]
-    pub(crate) fn key_offset(&self, key: &str) -> i64 {
-        match self.inner.facts.own_windows {
-            Some(period) => crate::algorithm::window_offset(key.as_bytes(), period),
-            None => 0,
-        }
+    pub(crate) fn own_windows(&self) -> Option<i64> {
+        self.inner.facts.own_windows
     }
 }
 

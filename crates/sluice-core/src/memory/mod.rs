@@ -612,7 +612,7 @@ impl<C: Clock> MemoryStore<C> {
     fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
         op.validate(mode.reserve)?;
         let alg = op.limit.shard_algorithm();
-        let offset = op.limit.key_offset(op.key);
+        let offset = algorithm::limit_key_offset(op.limit, op.key);
         let fp = self.fingerprint(op.key, 0);
         // Read before the lock to keep the critical section short. A thread
         // that read an earlier time and locks later sees a state from its
