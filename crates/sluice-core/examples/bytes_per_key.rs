@@ -1,17 +1,21 @@
 //! Memory per key at 1M keys: sluice's `MemoryStore` against governor's keyed
-//! rate limiter (DashMap store, `String` keys).
+//! rate limiter (DashMap store, `String` keys), and the memory store's keys
+//! under the sliding window and the sliding log.
 //!
 //! A counting global allocator would need `unsafe`, which the workspace
 //! forbids, so this measures the growth of the process's resident set
 //! (`VmRSS` in `/proc/self/status`) across inserting 1M distinct keys, each
 //! decided once with a burst of 10 and a rate of 1 per hour, so that every key
-//! leaves a state behind (sluice does not hold full buckets). The key strings
-//! are generated before the first reading.
+//! leaves a state behind (sluice does not hold full buckets); the sliding
+//! sides admit 10 per hour, so that each key holds a count, or a log of one
+//! entry. The key strings are generated before the first reading.
 //!
 //! ```text
-//! cargo run --release -p sluice-core --example bytes_per_key            # both, in child processes
+//! cargo run --release -p sluice-core --example bytes_per_key            # all, in child processes
 //! cargo run --release -p sluice-core --example bytes_per_key -- sluice  # one, in this process
 //! cargo run --release -p sluice-core --example bytes_per_key -- governor
+//! cargo run --release -p sluice-core --example bytes_per_key -- sliding_window
+//! cargo run --release -p sluice-core --example bytes_per_key -- sliding_log
 //! ```
 //!
 //! Without an argument it runs each side in its own child process with
@@ -30,7 +34,7 @@ use std::num::NonZeroU32;
 use std::process::Command;
 
 use governor::{Quota, RateLimiter};
-use sluice_core::{Limit, MemoryStore, Mode, Op, TokenBucket};
+use sluice_core::{Limit, MemoryStore, Mode, Nanos, Op, SlidingLog, SlidingWindow, TokenBucket};
 
 const KEYS: usize = 1_000_000;
 
@@ -48,22 +52,25 @@ fn rss() -> usize {
     kb * 1024
 }
 
+/// The sides, as named on the command line.
+const SIDES: [&str; 4] = ["sluice", "governor", "sliding_window", "sliding_log"];
+
 /// Inserts the keys into one side and returns (keys held, RSS growth in bytes).
 fn measure(side: &str, keys: &[String]) -> (usize, usize) {
+    let hour = Nanos(3_600 * Nanos::PER_SEC);
     match side {
-        "sluice" => {
-            let store = MemoryStore::new();
-            let limit = Limit::new("api", TokenBucket::new(1.0 / 3600.0, 10.0).unwrap());
-            // One key before the baseline, so that one-off setup is not counted.
-            let op = |k: &str| store.transact_now(&[Op::new(&limit, k, 1.0)], Mode::CONSUME);
-            assert!(op("warm-up").unwrap().allowed);
-            let before = rss();
-            for k in keys {
-                assert!(black_box(op(k)).unwrap().allowed);
-            }
-            let after = rss();
-            (store.len() - 1, after.saturating_sub(before))
-        }
+        "sluice" => in_memory(
+            Limit::new("api", TokenBucket::new(1.0 / 3600.0, 10.0).unwrap()),
+            keys,
+        ),
+        "sliding_window" => in_memory(
+            Limit::new("api", SlidingWindow::per_period(10.0, hour).unwrap()),
+            keys,
+        ),
+        "sliding_log" => in_memory(
+            Limit::new("api", SlidingLog::per_period(10.0, hour).unwrap()),
+            keys,
+        ),
         "governor" => {
             let quota = Quota::per_hour(NonZeroU32::new(1).unwrap())
                 .allow_burst(NonZeroU32::new(10).unwrap());
@@ -80,8 +87,22 @@ fn measure(side: &str, keys: &[String]) -> (usize, usize) {
     }
 }
 
+/// [`measure`] for the memory store under `limit`.
+fn in_memory(limit: Limit, keys: &[String]) -> (usize, usize) {
+    let store = MemoryStore::new();
+    // One key before the baseline, so that one-off setup is not counted.
+    let op = |k: &str| store.transact_now(&[Op::new(&limit, k, 1.0)], Mode::CONSUME);
+    assert!(op("warm-up").unwrap().allowed);
+    let before = rss();
+    for k in keys {
+        assert!(black_box(op(k)).unwrap().allowed);
+    }
+    let after = rss();
+    (store.len() - 1, after.saturating_sub(before))
+}
+
 fn panic_usage(arg: &str) -> ! {
-    eprintln!("unknown argument {arg:?}: expected `sluice`, `governor` or nothing");
+    eprintln!("unknown argument {arg:?}: expected one of {SIDES:?}, or nothing");
     std::process::exit(2)
 }
 
@@ -111,11 +132,10 @@ fn child(side: &str) -> f64 {
 fn main() {
     match std::env::args().nth(1).as_deref() {
         None => {
-            let s = child("sluice");
-            let g = child("governor");
-            println!("ratio governor/sluice = {:.2}", g / s);
+            let per_key = SIDES.map(child);
+            println!("ratio governor/sluice = {:.2}", per_key[1] / per_key[0]);
         }
-        Some(side @ ("sluice" | "governor")) => {
+        Some(side) if SIDES.contains(&side) => {
             let keys: Vec<String> = (0..KEYS).map(|i| format!("user:{i:08}")).collect();
             let (held, bytes) = measure(side, &keys);
             assert_eq!(held, KEYS, "{side} holds {held} keys, expected {KEYS}");

@@ -4,8 +4,14 @@
 //! These follow the formulas of `docs/semantics.md` line by line, with time in
 //! integer nanoseconds so that window boundaries are exact. Every store runs
 //! these same functions (or, in Redis, a script checked against them).
+//!
+//! The functions here hold a key in two numbers, a [`State`], which is all a
+//! token bucket or a fixed window needs. The sliding window and the sliding
+//! log need more, and are evaluated by [`crate::sliding`]; given one of them,
+//! the functions here read the [`State`] as a fixed window of the same rate,
+//! period and start, so that they stay total, but no store relies on that.
 
-use crate::config::{Algorithm, FixedWindow, TokenBucket};
+use crate::config::{Algorithm, FixedWindow, Limit, TokenBucket};
 use crate::decision::{Decision, Value};
 use crate::time::Nanos;
 
@@ -101,7 +107,8 @@ pub(crate) fn prepare(
 ) -> Pending {
     let State { tokens, ts } = match alg {
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
-        Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
+        // A sliding algorithm is read as a fixed window (see above).
+        _ => fw_roll(&alg.as_fixed(), state, offset, now),
     };
     Pending {
         available: tokens,
@@ -127,7 +134,7 @@ impl Pending {
     pub(crate) fn decision(&self, alg: &Algorithm, now: Nanos) -> Decision {
         match alg {
             Algorithm::TokenBucket(tb) => self.token_bucket(tb),
-            Algorithm::FixedWindow(fw) => self.fixed_window(fw, now),
+            _ => self.fixed_window(&alg.as_fixed(), now),
         }
     }
 
@@ -186,7 +193,7 @@ fn may_reserve(alg: &Algorithm, deficit: f64) -> bool {
 }
 
 #[inline]
-fn remaining(tokens: f64) -> u64 {
+pub(crate) fn remaining(tokens: f64) -> u64 {
     // For values >= 0 the truncating `as` is the floor, and it saturates,
     // which is what a count of whole tokens wants.
     tokens.max(0.0) as u64
@@ -195,7 +202,7 @@ fn remaining(tokens: f64) -> u64 {
 /// Seconds elapsed from `from` to `to`, never negative: a clock that steps
 /// backwards refills nothing.
 #[inline]
-fn elapsed(from: Nanos, to: Nanos) -> i64 {
+pub(crate) fn elapsed(from: Nanos, to: Nanos) -> i64 {
     to.0.saturating_sub(from.0).max(0)
 }
 
@@ -218,7 +225,7 @@ fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
 /// The start of the window containing `now`, for windows at
 /// `offset + k·period`.
 #[inline]
-fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
+pub(crate) fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
     let k = (i128::from(now.0) - i128::from(offset)).div_euclid(i128::from(period));
     let start = i128::from(offset) + k * i128::from(period);
     Nanos(i64::try_from(start).unwrap_or(now.0))
@@ -240,6 +247,15 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
             }
         }
     }
+}
+
+/// [`fw_roll`] for a sliding algorithm, read as a fixed window (see the
+/// module's documentation): out of line, so that it costs the others
+/// nothing.
+#[cold]
+#[inline(never)]
+fn sliding_as_fixed(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
+    fw_roll(&alg.as_fixed(), state, offset, now)
 }
 
 /// Seconds from `now` until the start of the window that is `windows`
@@ -291,6 +307,9 @@ pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -
     let s = match alg {
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
         Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+            sliding_as_fixed(alg, state, offset, now)
+        }
     };
     Value {
         tokens: s.tokens,
@@ -319,6 +338,10 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     let span = match alg {
         Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
         Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+            let fw = alg.as_fixed();
+            (missing / fw.rate()).ceil() * fw.period().0 as f64
+        }
     };
     // `as` saturates, so an absurd span just means "never".
     Nanos(state.ts.0.saturating_add(span as i64))
@@ -346,7 +369,8 @@ pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos
     }
     let ts = match alg {
         Algorithm::TokenBucket(_) => now,
-        Algorithm::FixedWindow(fw) => {
+        Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+            let fw = alg.as_fixed();
             window_start(now, fw.start().map_or(offset, |s| s.0), fw.period().0)
         }
     };
@@ -371,6 +395,9 @@ fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
             let boundaries = (span as u64).div_ceil(fw.period().0 as u64) as f64;
             fw.capacity() - fw.rate() * boundaries
         }
+        // A sliding key may have used its whole rate until it is full.
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) if span > 0 => 0.0,
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => alg.capacity(),
     }
 }
 
@@ -399,12 +426,18 @@ pub fn refill_time_under(from: &Algorithm, to: &Algorithm, full_at: Nanos, now: 
         // Counted from `now`, not from the start of the key's window, which
         // is no later: an upper bound on any alignment.
         Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+        // As if the key had used its whole rate just now: a log is empty a
+        // period after its last entry, a sliding window two periods after
+        // the start of the window of its last count.
+        Algorithm::SlidingLog(sl) => sl.period().0 as f64,
+        Algorithm::SlidingWindow(sw) => 2.0 * sw.period().0 as f64,
     };
     Nanos(now.0.saturating_add(span as i64))
 }
 
 /// The `offset` argument of [`evaluate`] for `key` under `alg`: the key's
-/// own window alignment for a fixed window without a `start`, else 0.
+/// own window alignment for a fixed or sliding window without a `start`,
+/// else 0.
 ///
 /// ```
 /// use sluice_core::{Algorithm, FixedWindow, Nanos, TokenBucket, algorithm::key_offset};
@@ -419,7 +452,19 @@ pub fn key_offset(alg: &Algorithm, key: &str) -> i64 {
         Algorithm::FixedWindow(fw) if fw.start().is_none() => {
             window_offset(key.as_bytes(), fw.period().0)
         }
+        Algorithm::SlidingWindow(sw) if sw.start().is_none() => {
+            window_offset(key.as_bytes(), sw.period().0)
+        }
         _ => 0,
+    }
+}
+
+/// [`key_offset`] under a limit's shard algorithm, without matching on it.
+#[inline]
+pub(crate) fn limit_key_offset(limit: &Limit, key: &str) -> i64 {
+    match limit.own_windows() {
+        Some(period) => window_offset(key.as_bytes(), period),
+        None => 0,
     }
 }
 

@@ -1,5 +1,6 @@
-//! Limit configurations: validated token-bucket and fixed-window parameters,
-//! and [`Limit`], a named, cheaply clonable handle that stores and callers share.
+//! Limit configurations: validated token-bucket, fixed-window, sliding-window
+//! and sliding-log parameters, and [`Limit`], a named, cheaply clonable handle
+//! that stores and callers share.
 
 use std::fmt;
 use std::sync::Arc;
@@ -29,6 +30,9 @@ pub enum ConfigError {
     /// A limit needs at least one shard.
     #[error("shards must be at least 1")]
     Shards,
+    /// The rate is more tokens than can be counted exactly.
+    #[error("rate must be at most {MAX_EXACT_TOKENS}, got {0}")]
+    TooManyTokens(f64),
 }
 
 /// How long a reservation may make its caller wait: one year. A reservation
@@ -262,6 +266,116 @@ impl FixedWindow {
     }
 }
 
+/// Checks a sliding algorithm's `rate` per `period`.
+fn sliding_params(rate: f64, period: Nanos) -> Result<(), ConfigError> {
+    if !(rate.is_finite() && rate > 0.0) {
+        return Err(ConfigError::Rate(rate));
+    }
+    if rate > MAX_EXACT_TOKENS {
+        return Err(ConfigError::TooManyTokens(rate));
+    }
+    if period.0 <= 0 {
+        return Err(ConfigError::Period(period.as_secs_f64()));
+    }
+    Ok(())
+}
+
+/// A sliding window (weighted counter): at most `rate` tokens per `period`,
+/// estimated from the count of the current fixed window and the previous
+/// window's count weighted by how much of it still overlaps the last
+/// `period`. No reservations.
+///
+/// ```
+/// use sluice_core::{Nanos, SlidingWindow};
+/// let sw = SlidingWindow::per_period(100.0, Nanos(60 * Nanos::PER_SEC)).unwrap()
+///     .with_start(Nanos(0));
+/// assert_eq!((sw.rate(), sw.start()), (100.0, Some(Nanos(0))));
+/// assert!(SlidingWindow::per_period(0.0, Nanos(1)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingWindow {
+    rate: f64,
+    period: Nanos,
+    start: Option<Nanos>,
+}
+
+impl SlidingWindow {
+    /// `rate` tokens per `period`, windows aligned per key (see
+    /// [`SlidingWindow::with_start`]).
+    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+        sliding_params(rate, period)?;
+        Ok(SlidingWindow {
+            rate,
+            period,
+            start: None,
+        })
+    }
+
+    /// Aligns every key's windows to `start + k·period`. Without it each key
+    /// gets its own offset, derived from a hash of the key, as for a
+    /// [`FixedWindow`].
+    pub fn with_start(self, start: Nanos) -> Self {
+        SlidingWindow {
+            start: Some(start),
+            ..self
+        }
+    }
+
+    /// The most tokens admitted over any `period`, as estimated.
+    #[inline]
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The window length.
+    #[inline]
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+
+    /// The configured window alignment, if any.
+    #[inline]
+    pub fn start(&self) -> Option<Nanos> {
+        self.start
+    }
+}
+
+/// A sliding log (exact): every admitted call is logged with its time and
+/// cost, and a call is admitted only if the costs logged over the last
+/// `period`, its own included, come to at most `rate`. No reservations.
+///
+/// ```
+/// use sluice_core::{Nanos, SlidingLog};
+/// let sl = SlidingLog::per_period(10.0, Nanos(Nanos::PER_SEC)).unwrap();
+/// assert_eq!((sl.rate(), sl.period()), (10.0, Nanos(Nanos::PER_SEC)));
+/// assert!(SlidingLog::per_period(10.0, Nanos(0)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SlidingLog {
+    rate: f64,
+    period: Nanos,
+}
+
+impl SlidingLog {
+    /// `rate` tokens per `period`.
+    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+        sliding_params(rate, period)?;
+        Ok(SlidingLog { rate, period })
+    }
+
+    /// The most tokens admitted over any `period`.
+    #[inline]
+    pub fn rate(&self) -> f64 {
+        self.rate
+    }
+
+    /// The length of the log's window.
+    #[inline]
+    pub fn period(&self) -> Nanos {
+        self.period
+    }
+}
+
 /// The algorithm of a limit with its parameters.
 ///
 /// ```
@@ -269,12 +383,19 @@ impl FixedWindow {
 /// let a = Algorithm::from(TokenBucket::new(1.0, 5.0).unwrap());
 /// assert_eq!(a.capacity(), 5.0);
 /// ```
+// An explicit tag byte: it is matched on several times a call, and one
+// packed into a niche takes more instructions to read.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[repr(u8)]
 pub enum Algorithm {
     /// See [`TokenBucket`].
     TokenBucket(TokenBucket),
     /// See [`FixedWindow`].
     FixedWindow(FixedWindow),
+    /// See [`SlidingWindow`].
+    SlidingWindow(SlidingWindow),
+    /// See [`SlidingLog`].
+    SlidingLog(SlidingLog),
 }
 
 impl From<TokenBucket> for Algorithm {
@@ -289,29 +410,120 @@ impl From<FixedWindow> for Algorithm {
     }
 }
 
+impl From<SlidingWindow> for Algorithm {
+    fn from(sw: SlidingWindow) -> Self {
+        Algorithm::SlidingWindow(sw)
+    }
+}
+
+impl From<SlidingLog> for Algorithm {
+    fn from(sl: SlidingLog) -> Self {
+        Algorithm::SlidingLog(sl)
+    }
+}
+
 impl Algorithm {
-    /// The most tokens a key can hold: the burst or the window capacity.
+    /// The most tokens a key can hold: the burst, the window capacity, or
+    /// a sliding algorithm's rate.
     #[inline]
     pub fn capacity(&self) -> f64 {
         match self {
             Algorithm::TokenBucket(tb) => tb.burst,
             Algorithm::FixedWindow(fw) => fw.capacity,
+            Algorithm::SlidingWindow(sw) => sw.rate,
+            Algorithm::SlidingLog(sl) => sl.rate,
         }
     }
 
-    /// How far below zero a reservation may go; `None` is unlimited.
+    /// How far below zero a reservation may go; `None` is unlimited (and,
+    /// for the sliding algorithms, which take no reservations, irrelevant).
     #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         match self {
             Algorithm::TokenBucket(tb) => tb.max_reserved,
             Algorithm::FixedWindow(fw) => fw.max_reserved,
+            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => None,
+        }
+    }
+
+    /// Whether calls may reserve: false for the sliding algorithms.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, Nanos, SlidingLog, TokenBucket};
+    /// assert!(Algorithm::from(TokenBucket::new(1.0, 1.0).unwrap()).reserves());
+    /// let sl = SlidingLog::per_period(1.0, Nanos(1)).unwrap();
+    /// assert!(!Algorithm::from(sl).reserves());
+    /// ```
+    #[inline]
+    pub fn reserves(&self) -> bool {
+        !self.is_sliding()
+    }
+
+    /// Whether this is a sliding window or a sliding log, whose states are
+    /// not two numbers (see [`crate::sliding`]).
+    #[inline]
+    pub(crate) fn is_sliding(&self) -> bool {
+        matches!(self, Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_))
+    }
+
+    /// The name a policy file gives the algorithm.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, Nanos, SlidingWindow};
+    /// let sw = SlidingWindow::per_period(1.0, Nanos(1)).unwrap();
+    /// assert_eq!(Algorithm::from(sw).name(), "sliding_window");
+    /// ```
+    pub fn name(&self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket(_) => "token_bucket",
+            Algorithm::FixedWindow(_) => "fixed_window",
+            Algorithm::SlidingWindow(_) => "sliding_window",
+            Algorithm::SlidingLog(_) => "sliding_log",
+        }
+    }
+
+    /// The period of a windowed algorithm, `None` for a token bucket.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, Nanos, SlidingLog, TokenBucket};
+    /// let sl = SlidingLog::per_period(1.0, Nanos(5)).unwrap();
+    /// assert_eq!(Algorithm::from(sl).window(), Some(Nanos(5)));
+    /// assert_eq!(Algorithm::from(TokenBucket::new(1.0, 1.0).unwrap()).window(), None);
+    /// ```
+    #[inline]
+    pub fn window(&self) -> Option<Nanos> {
+        match self {
+            Algorithm::TokenBucket(_) => None,
+            Algorithm::FixedWindow(fw) => Some(fw.period),
+            Algorithm::SlidingWindow(sw) => Some(sw.period),
+            Algorithm::SlidingLog(sl) => Some(sl.period),
+        }
+    }
+
+    /// The fixed window of the same rate, period and start: how the
+    /// two-number functions of [`crate::algorithm`] read a sliding
+    /// algorithm, whose state they cannot hold.
+    #[inline(always)]
+    pub(crate) fn as_fixed(&self) -> FixedWindow {
+        let (rate, period, start) = match self {
+            Algorithm::TokenBucket(tb) => (tb.tokens, tb.period, None),
+            Algorithm::FixedWindow(fw) => return *fw,
+            Algorithm::SlidingWindow(sw) => (sw.rate, sw.period, sw.start),
+            Algorithm::SlidingLog(sl) => (sl.rate, sl.period, None),
+        };
+        FixedWindow {
+            rate,
+            period,
+            capacity: rate,
+            start,
+            max_reserved: Some(0.0),
         }
     }
 
     /// How far below zero a reservation may take a key: `max_reserved`,
     /// but never more than the tokens refilled in [`RESERVATION_HORIZON`]
     /// (a fixed window: its rate times the whole windows in it), nor more
-    /// than [`MAX_EXACT_TOKENS`].
+    /// than [`MAX_EXACT_TOKENS`]. Nothing for the sliding algorithms.
     ///
     /// ```
     /// use sluice_core::{Algorithm, Nanos, TokenBucket};
@@ -326,6 +538,7 @@ impl Algorithm {
             Algorithm::FixedWindow(fw) => {
                 fw.rate * (RESERVATION_HORIZON.0 / fw.period.0.max(1)) as f64
             }
+            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => 0.0,
         };
         self.max_reserved()
             .unwrap_or(f64::INFINITY)
@@ -341,7 +554,9 @@ impl Algorithm {
     /// reservation may wait up to [`RESERVATION_HORIZON`] (see
     /// [`Algorithm::reservable`]), and a call that does not reserve can
     /// never take more than the capacity. Nothing above
-    /// [`MAX_EXACT_TOKENS`] is ever counted.
+    /// [`MAX_EXACT_TOKENS`] is ever counted. A sliding algorithm's is its
+    /// rate (and a call that reserves is refused by
+    /// [`Op::validate`](crate::Op::validate)).
     ///
     /// ```
     /// use sluice_core::{Algorithm, TokenBucket};
@@ -356,12 +571,20 @@ impl Algorithm {
     /// ```
     #[inline]
     pub fn max_cost(&self, reserve: bool) -> f64 {
-        let reserved = if reserve || self.max_reserved().is_some() {
+        // One match for what every call needs; `reservable` only for the
+        // calls that may reserve.
+        let (capacity, max_reserved) = match self {
+            Algorithm::TokenBucket(tb) => (tb.burst, tb.max_reserved),
+            Algorithm::FixedWindow(fw) => (fw.capacity, fw.max_reserved),
+            Algorithm::SlidingWindow(sw) => (sw.rate, None),
+            Algorithm::SlidingLog(sl) => (sl.rate, None),
+        };
+        let reserved = if reserve || max_reserved.is_some() {
             self.reservable()
         } else {
             0.0
         };
-        (self.capacity() + reserved).min(MAX_EXACT_TOKENS)
+        (capacity + reserved).min(MAX_EXACT_TOKENS)
     }
 
     /// The same algorithm with rate, capacity and `max_reserved` divided by `n`.
@@ -381,6 +604,14 @@ impl Algorithm {
                 max_reserved: fw.max_reserved.map(|m| m / n),
                 ..fw
             }),
+            Algorithm::SlidingWindow(sw) => Algorithm::SlidingWindow(SlidingWindow {
+                rate: sw.rate / n,
+                ..sw
+            }),
+            Algorithm::SlidingLog(sl) => Algorithm::SlidingLog(SlidingLog {
+                rate: sl.rate / n,
+                ..sl
+            }),
         }
     }
 }
@@ -392,6 +623,36 @@ struct LimitInner {
     algorithm: Algorithm,
     shards: u32,
     shard_algorithm: Algorithm,
+    facts: Facts,
+}
+
+/// What every call asks of a limit's shard algorithm, worked out once: each
+/// would otherwise be a match on the algorithm, on the hot path.
+#[derive(Clone, Copy)]
+struct Facts {
+    capacity: f64,
+    /// [`Algorithm::max_cost`] without and with reserving.
+    max_cost: [f64; 2],
+    sliding: bool,
+    /// The period of windows aligned per key (no `start`), whose offset is
+    /// a hash of the key modulo it.
+    own_windows: Option<i64>,
+}
+
+impl Facts {
+    fn of(alg: &Algorithm) -> Facts {
+        let own_windows = match alg {
+            Algorithm::FixedWindow(fw) if fw.start.is_none() => Some(fw.period.0),
+            Algorithm::SlidingWindow(sw) if sw.start.is_none() => Some(sw.period.0),
+            _ => None,
+        };
+        Facts {
+            capacity: alg.capacity(),
+            max_cost: [alg.max_cost(false), alg.max_cost(true)],
+            sliding: alg.is_sliding(),
+            own_windows,
+        }
+    }
 }
 
 /// A named limit. Cloning is cheap; stores keep one state per (limit name, key).
@@ -423,6 +684,7 @@ impl Limit {
                 algorithm,
                 shards: 1,
                 shard_algorithm: algorithm,
+                facts: Facts::of(&algorithm),
             }),
         }
     }
@@ -433,13 +695,15 @@ impl Limit {
         if n == 0 {
             return Err(ConfigError::Shards);
         }
+        let shard_algorithm = self.inner.algorithm.split(n);
         Ok(Limit {
             inner: Arc::new(LimitInner {
                 name: self.inner.name.clone(),
                 name_tag: self.inner.name_tag,
                 algorithm: self.inner.algorithm,
                 shards: n,
-                shard_algorithm: self.inner.algorithm.split(n),
+                shard_algorithm,
+                facts: Facts::of(&shard_algorithm),
             }),
         })
     }
@@ -479,6 +743,31 @@ impl Limit {
     #[inline]
     pub fn shard_algorithm(&self) -> &Algorithm {
         &self.inner.shard_algorithm
+    }
+
+    /// [`Algorithm::capacity`] of the shard algorithm.
+    #[inline]
+    pub(crate) fn shard_capacity(&self) -> f64 {
+        self.inner.facts.capacity
+    }
+
+    /// [`Algorithm::max_cost`] of the shard algorithm.
+    #[inline]
+    pub(crate) fn max_cost(&self, reserve: bool) -> f64 {
+        self.inner.facts.max_cost[usize::from(reserve)]
+    }
+
+    /// Whether the shard algorithm is a sliding one.
+    #[inline]
+    pub(crate) fn is_sliding(&self) -> bool {
+        self.inner.facts.sliding
+    }
+
+    /// The period of the shard algorithm's windows when each key has its
+    /// own phase (windows without a `start`).
+    #[inline]
+    pub(crate) fn own_windows(&self) -> Option<i64> {
+        self.inner.facts.own_windows
     }
 }
 

@@ -22,9 +22,10 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::algorithm::{State, evaluate, key_offset};
+use crate::sliding::{Log, WindowState, window_evaluate};
 use crate::{
-    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, Mode, Nanos, Op, Store,
-    StoreError, TokenBucket,
+    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, Mode, Nanos, Op,
+    SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -32,6 +33,13 @@ const S: i64 = Nanos::PER_SEC;
 /// Runs every check in turn. Each uses its own limit names, so one store
 /// (and one Redis) serves them all.
 pub async fn run_all<St: Store>(store: &St, clock: &FakeClock) {
+    run_token_bucket_and_fixed_window(store, clock).await;
+    run_sliding(store, clock).await;
+}
+
+/// The checks of the token bucket and the fixed window, and of what every
+/// store does whatever the algorithm (transactions, resets, shards).
+pub async fn run_token_bucket_and_fixed_window<St: Store>(store: &St, clock: &FakeClock) {
     burst_then_exact_retry(store, clock).await;
     fractional_costs_and_partial_refill(store, clock).await;
     idle_gap_refills_to_full_only(store, clock).await;
@@ -45,6 +53,16 @@ pub async fn run_all<St: Store>(store: &St, clock: &FakeClock) {
     backward_clock_credits_nothing(store, clock).await;
     shards_admit_the_whole_burst(store, clock).await;
     agrees_with_the_pure_algorithm(store, clock).await;
+}
+
+/// The checks of the sliding window and the sliding log.
+pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
+    sliding_window_weighs_the_previous_window(store, clock).await;
+    sliding_log_waits_for_entries_to_leave(store, clock).await;
+    sliding_log_and_token_bucket_in_one_transaction(store, clock).await;
+    sliding_refuses_reservations_and_impossible_costs(store, clock).await;
+    sliding_reset_and_value(store, clock).await;
+    sliding_agrees_with_the_pure_algorithm(store, clock).await;
 }
 
 fn tb(rate: f64, burst: f64) -> TokenBucket {
@@ -353,6 +371,205 @@ pub async fn agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeC
         );
         if let (Some(next), true) = (want.next, mode.consume) {
             model.insert((li, k), next);
+        }
+    }
+}
+
+/// The start of the current `period`-long window on the clock's own
+/// alignment, so that the checks below do not depend on where it starts.
+fn aligned(clock: &FakeClock, period: i64) -> Nanos {
+    let now = clock.now().0;
+    Nanos(now - now.rem_euclid(period))
+}
+
+/// The previous window's count weighs in by its overlap with the last period.
+pub async fn sliding_window_weighs_the_previous_window<St: Store>(store: &St, clock: &FakeClock) {
+    let start = aligned(clock, 10 * S);
+    let sw = SlidingWindow::per_period(10.0, Nanos(10 * S))
+        .unwrap()
+        .with_start(start);
+    let l = Limit::new("conf-sliding-window", sw);
+    // 1 s into a window, then 2.5 s into the next.
+    clock.set(Nanos(start.0 + S));
+    let d = one(store, &l, "k", 8.0, Mode::CONSUME).await;
+    assert_eq!((d.allowed, d.remaining, d.reset), (true, 2, 19.0), "{d:?}");
+    clock.set(Nanos(start.0 + 12_500_000_000));
+    let d = one(store, &l, "k", 4.0, Mode::CONSUME).await;
+    assert_eq!(
+        (d.allowed, d.remaining),
+        (true, 0),
+        "8 × 0.75 + 4 = 10: {d:?}"
+    );
+    let d = one(store, &l, "k", 1.0, Mode::CONSUME).await;
+    assert!(!d.allowed);
+    let retry = d.retry_after.unwrap();
+    assert!((retry - 1.25).abs() < 1e-9, "retry_after {retry}");
+    step(clock, 1_250_000_000);
+    assert!(one(store, &l, "k", 1.0, Mode::CONSUME).await.allowed);
+    // With 5 counted in this window, 6 more wait for the next one, where
+    // the 5 weigh 5 × (1 − e/10) and 6 fit from e = 2 s.
+    let d = one(store, &l, "k", 6.0, Mode::CONSUME).await;
+    let retry = d.retry_after.unwrap();
+    assert!((retry - 8.25).abs() < 1e-9, "retry_after {retry}");
+}
+
+/// A denied call waits exactly until enough logged entries have left.
+pub async fn sliding_log_waits_for_entries_to_leave<St: Store>(store: &St, clock: &FakeClock) {
+    let l = Limit::new(
+        "conf-sliding-log",
+        SlidingLog::per_period(5.0, Nanos(10 * S)).unwrap(),
+    );
+    assert!(one(store, &l, "k", 2.0, Mode::CONSUME).await.allowed);
+    step(clock, 3 * S);
+    assert!(one(store, &l, "k", 2.0, Mode::CONSUME).await.allowed);
+    step(clock, 3 * S);
+    let d = one(store, &l, "k", 2.0, Mode::CONSUME).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(4.0)), "{d:?}");
+    assert_eq!((d.remaining, d.reset), (1, 7.0), "{d:?}");
+    let d = one(store, &l, "k", 5.0, Mode::CONSUME).await;
+    assert_eq!(d.retry_after, Some(7.0), "{d:?}");
+    step(clock, 4 * S - 1);
+    assert!(!one(store, &l, "k", 2.0, Mode::CONSUME).await.allowed);
+    step(clock, 1);
+    let d = one(store, &l, "k", 2.0, Mode::CONSUME).await;
+    assert!(d.allowed, "allowed exactly at retry_after");
+    assert_eq!((d.remaining, d.reset), (1, 10.0));
+}
+
+/// A sliding log and a token bucket decide one transaction together: all
+/// or nothing, the largest wait reported.
+pub async fn sliding_log_and_token_bucket_in_one_transaction<St: Store>(
+    store: &St,
+    clock: &FakeClock,
+) {
+    let log = Limit::new(
+        "conf-txn-log",
+        SlidingLog::per_period(2.0, Nanos(10 * S)).unwrap(),
+    );
+    let bucket = Limit::new("conf-txn-bucket", tb(1.0, 3.0));
+    let ops = [Op::new(&bucket, "k", 1.0), Op::new(&log, "k", 1.0)];
+    for _ in 0..2 {
+        let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
+        assert!(o.allowed, "{o:?}");
+    }
+    let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
+    assert!(!o.allowed, "{o:?}");
+    assert_eq!(o.retry_after(), Some(10.0));
+    assert!(o.decisions[0].allowed);
+    assert_eq!(o.decisions[0].remaining, 1, "nothing was spent: {o:?}");
+    // The bucket denies, the log would allow: still nothing is logged.
+    step(clock, 10 * S);
+    let greedy = [Op::new(&bucket, "k", 3.0), Op::new(&log, "k", 2.0)];
+    store.transact(&[greedy[0]], Mode::CONSUME).await.unwrap();
+    let o = store.transact(&greedy, Mode::CONSUME).await.unwrap();
+    assert!(!o.allowed && o.decisions[1].allowed, "{o:?}");
+    assert_eq!(o.decisions[1].reset, 0.0, "{o:?}");
+    let d = one(store, &log, "k", 2.0, Mode::CHECK).await;
+    assert!(d.allowed, "a denied transaction logged a cost: {d:?}");
+}
+
+/// The sliding algorithms take no reservations, and a cost above the rate
+/// is an error.
+pub async fn sliding_refuses_reservations_and_impossible_costs<St: Store>(
+    store: &St,
+    _clock: &FakeClock,
+) {
+    let algs: [Algorithm; 2] = [
+        SlidingWindow::per_period(3.0, Nanos(S)).unwrap().into(),
+        SlidingLog::per_period(3.0, Nanos(S)).unwrap().into(),
+    ];
+    for (i, alg) in algs.into_iter().enumerate() {
+        let l = Limit::new(format!("conf-sliding-cost-{i}"), alg);
+        match store.decide(Op::new(&l, "k", 1.0), Mode::RESERVE).await {
+            Err(StoreError::Cost(CostError::NoReservations { .. })) => {}
+            other => panic!("expected no reservations, got {other:?}"),
+        }
+        match store.decide(Op::new(&l, "k", 3.5), Mode::CONSUME).await {
+            Err(StoreError::Cost(CostError::Impossible { max, .. })) => assert_eq!(max, 3.0),
+            other => panic!("expected an impossible cost, got {other:?}"),
+        }
+        assert!(one(store, &l, "k", 3.0, Mode::CONSUME).await.allowed);
+    }
+}
+
+/// `reset` empties a sliding key; `value` reports the rate less what is
+/// counted.
+pub async fn sliding_reset_and_value<St: Store>(store: &St, clock: &FakeClock) {
+    let log = Limit::new(
+        "conf-sliding-reset-log",
+        SlidingLog::per_period(4.0, Nanos(10 * S)).unwrap(),
+    );
+    let window = Limit::new(
+        "conf-sliding-reset-window",
+        SlidingWindow::per_period(4.0, Nanos(10 * S)).unwrap(),
+    );
+    for l in [&log, &window] {
+        assert_eq!(store.value(l, "k").await.unwrap().tokens, 4.0);
+        assert!(one(store, l, "k", 3.0, Mode::CONSUME).await.allowed);
+        assert_eq!(store.value(l, "k").await.unwrap().tokens, 1.0);
+        store.reset(l, "k").await.unwrap();
+        assert_eq!(store.value(l, "k").await.unwrap().tokens, 4.0);
+        assert!(one(store, l, "k", 4.0, Mode::CONSUME).await.allowed);
+    }
+    step(clock, 5 * S);
+    assert_eq!(store.value(&log, "k").await.unwrap().ts, clock.now());
+}
+
+/// A pseudo-random run of consumes, checks, resets and transactions on a few
+/// sliding keys decides exactly what the pure algorithms decide.
+pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeClock) {
+    let window = SlidingWindow::per_period(4.0, Nanos(3 * S)).unwrap();
+    let log = SlidingLog::per_period(4.0, Nanos(3 * S)).unwrap();
+    let limits = [
+        Limit::new("conf-sliding-model-w", window),
+        Limit::new("conf-sliding-model-l", log),
+    ];
+    let mut windows: HashMap<usize, WindowState> = HashMap::new();
+    let mut logs: HashMap<usize, Log> = HashMap::new();
+    let mut rng = fastrand::Rng::with_seed(11);
+    for i in 0..600 {
+        step(clock, [0, 1_000, S / 7, S, 4 * S][rng.usize(..5)]);
+        let now = clock.now();
+        let k = rng.usize(..3);
+        let key = format!("k{k}");
+        if rng.u8(..20) == 0 {
+            for l in &limits {
+                store.reset(l, &key).await.unwrap();
+            }
+            windows.remove(&k);
+            logs.remove(&k);
+            continue;
+        }
+        let mode = [Mode::CONSUME, Mode::CHECK][rng.usize(..2)];
+        let (cw, cl) = (
+            [1.0, 0.5, 2.0][rng.usize(..3)],
+            [1.0, 0.25, 3.0][rng.usize(..3)],
+        );
+        let offset = key_offset(&Algorithm::from(window), &key);
+        let want_w = window_evaluate(&window, windows.get(&k).copied(), offset, now, cw);
+        let empty = Log::default();
+        let want_l = logs.get(&k).unwrap_or(&empty).evaluate(&log, now, 0.0, cl);
+        let ops = [Op::new(&limits[0], &key, cw), Op::new(&limits[1], &key, cl)];
+        let both = rng.bool();
+        let got = store
+            .transact(if both { &ops } else { &ops[..1] }, mode)
+            .await
+            .unwrap();
+        let allowed = want_w.decision.allowed && (!both || want_l.allowed);
+        assert_eq!(got.allowed, allowed, "step {i}: {got:?}");
+        if allowed {
+            assert_eq!(got.decisions[0], want_w.decision, "step {i}");
+            if both {
+                assert_eq!(got.decisions[1], want_l, "step {i}");
+            }
+        }
+        if allowed && mode.consume {
+            if let Some(next) = want_w.next {
+                windows.insert(k, next);
+            }
+            if both {
+                logs.entry(k).or_default().commit(&log, now, cl);
+            }
         }
     }
 }

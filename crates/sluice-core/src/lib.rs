@@ -1,5 +1,6 @@
-//! Exact rate limiting: token buckets and fixed windows with variable costs,
-//! reservations, multi-limit transactions and hot-key shards.
+//! Exact rate limiting: token buckets, fixed windows, sliding windows and
+//! sliding logs with variable costs, reservations, multi-limit transactions
+//! and hot-key shards.
 //!
 //! The algorithms in [`algorithm`] are pure functions of a state, a
 //! configuration and the time. A [`Store`] keeps the states and decides a whole
@@ -12,11 +13,13 @@ mod config;
 pub mod conformance;
 mod decision;
 pub mod memory;
+pub mod sliding;
 pub mod store;
 mod time;
 
 pub use config::{
-    Algorithm, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, RESERVATION_HORIZON, TokenBucket,
+    Algorithm, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, RESERVATION_HORIZON, SlidingLog,
+    SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;

@@ -31,6 +31,17 @@ pub enum CostError {
         /// [`Algorithm::reservable`](crate::Algorithm::reservable)).
         max: f64,
     },
+    /// The call reserves, and the limit's algorithm takes no reservations
+    /// (the sliding window and the sliding log).
+    #[error(
+        "limit {limit:?} is a {algorithm}, which takes no reservations: call it without reserving"
+    )]
+    NoReservations {
+        /// The limit's name.
+        limit: String,
+        /// The algorithm's name, as a policy file writes it.
+        algorithm: &'static str,
+    },
 }
 
 /// Why a store could not decide.
@@ -155,19 +166,38 @@ impl<'a> Op<'a> {
     /// assert!(matches!(Op::new(&limit, "k", 6.0).validate(false), Err(CostError::Impossible { .. })));
     /// assert!(matches!(Op::new(&limit, "k", -1.0).validate(false), Err(CostError::Invalid(_))));
     /// ```
+    ///
+    /// A sliding algorithm takes no reservations:
+    ///
+    /// ```
+    /// use sluice_core::{CostError, Limit, Nanos, Op, SlidingLog};
+    /// let limit = Limit::new("api", SlidingLog::per_period(5.0, Nanos(1)).unwrap());
+    /// assert!(Op::new(&limit, "k", 5.0).validate(false).is_ok());
+    /// assert!(matches!(Op::new(&limit, "k", 1.0).validate(true), Err(CostError::NoReservations { .. })));
+    /// ```
     #[inline]
     pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
-        let max = self.limit.shard_algorithm().max_cost(reserve);
+        let max = self.limit.max_cost(reserve);
         // One test for the common case; NaN fails every comparison.
-        if self.cost >= 0.0 && self.cost <= max && self.cost != f64::INFINITY {
+        if self.cost >= 0.0
+            && self.cost <= max
+            && self.cost != f64::INFINITY
+            && (!reserve || !self.limit.is_sliding())
+        {
             return Ok(());
         }
-        Err(self.invalid(max))
+        Err(self.invalid(max, reserve))
     }
 
     #[cold]
-    fn invalid(&self, max: f64) -> CostError {
-        if !(self.cost.is_finite() && self.cost >= 0.0) {
+    fn invalid(&self, max: f64, reserve: bool) -> CostError {
+        let alg = self.limit.shard_algorithm();
+        if reserve && !alg.reserves() {
+            CostError::NoReservations {
+                limit: self.limit.name().to_owned(),
+                algorithm: alg.name(),
+            }
+        } else if !(self.cost.is_finite() && self.cost >= 0.0) {
             CostError::Invalid(self.cost)
         } else {
             CostError::Impossible {

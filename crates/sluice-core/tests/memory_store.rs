@@ -634,3 +634,169 @@ proptest::proptest! {
         agrees_with_the_pure_algorithm(&store, steps)?;
     }
 }
+
+// ---- the sliding algorithms ----
+
+#[test]
+fn emptied_sliding_keys_are_dropped_and_nothing_is_lost() {
+    use sluice_core::{SlidingLog, SlidingWindow};
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone());
+    let second = Nanos(Nanos::PER_SEC);
+    let limits = [
+        Limit::new("log", SlidingLog::per_period(2.0, second).unwrap()),
+        Limit::new("window", SlidingWindow::per_period(2.0, second).unwrap()),
+    ];
+    for limit in &limits {
+        for i in 0..20_000 {
+            assert!(take(&store, limit, &format!("old-{i}")));
+        }
+    }
+    assert_eq!(store.len(), 40_000);
+    // Two seconds on every old log and window has emptied.
+    clock.advance(Duration::from_secs(2));
+    for limit in &limits {
+        for i in 0..40_000 {
+            assert!(take(&store, limit, &format!("new-{i}")));
+        }
+    }
+    assert!(
+        store.len() < 90_000,
+        "emptied keys should have been swept, {} held",
+        store.len()
+    );
+    // A dropped key behaves exactly as a new one.
+    for limit in &limits {
+        assert!(take(&store, limit, "old-7"));
+        assert!(take(&store, limit, "old-7"));
+        assert!(!take(&store, limit, "old-7"));
+    }
+}
+
+#[test]
+fn a_sliding_flood_beyond_the_key_cap_refills_nobody() {
+    use sluice_core::{SlidingLog, SlidingWindow};
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(4_096);
+    let hour = Nanos(3_600 * Nanos::PER_SEC);
+    let limits = [
+        Limit::new("log", SlidingLog::per_period(3.0, hour).unwrap()),
+        Limit::new("window", SlidingWindow::per_period(3.0, hour).unwrap()),
+    ];
+    for limit in &limits {
+        for _ in 0..3 {
+            assert!(take(&store, limit, "victim"));
+        }
+    }
+    let mut peak = 0;
+    for i in 0..100_000 {
+        take(&store, &limits[i % 2], &format!("flood-{i}"));
+        if i % 1_000 == 0 {
+            peak = peak.max(store.len());
+        }
+    }
+    assert!(peak <= 4_096, "peak {peak}");
+    for limit in &limits {
+        assert!(!take(&store, limit, "victim"), "{} refilled", limit.name());
+        assert_eq!(store.value_now(limit, "victim").tokens, 0.0);
+    }
+}
+
+#[test]
+fn a_limit_changed_to_another_kind_of_algorithm_grants_nothing() {
+    use sluice_core::{SlidingLog, SlidingWindow};
+    let clock = FakeClock::new(Nanos::ZERO);
+    // Every key in a hot slot: the change must see their latest states.
+    let store = MemoryStore::with_clock(clock.clone()).with_all_keys_hot();
+    let minute = Nanos(60 * Nanos::PER_SEC);
+    let bucket = Limit::new("api", TokenBucket::per_period(5.0, minute).unwrap());
+    for _ in 0..5 {
+        assert!(take(&store, &bucket, "drained"));
+    }
+    let log = Limit::new("api", SlidingLog::per_period(5.0, minute).unwrap());
+    // The drained key is not refilled by the change; a new key is full.
+    assert!(!take(&store, &log, "drained"));
+    assert!(take(&store, &log, "new"));
+    let window = Limit::new("api", SlidingWindow::per_period(5.0, minute).unwrap());
+    assert!(!take(&store, &window, "drained"));
+    assert_eq!(store.value_now(&window, "new").tokens, 0.0);
+    // Back to the bucket: still nothing for the drained key until it has
+    // had time to refill.
+    assert!(!take(&store, &bucket, "drained"));
+    clock.advance(Duration::from_secs(4 * 60));
+    assert!(take(&store, &bucket, "drained"));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::test_runner::Config::with_cases(32))]
+
+    /// A store that must forget sliding keys all the time never admits a
+    /// call that the exact algorithm, run over the very calls the store
+    /// admitted, would deny, and never reports more tokens than that.
+    #[test]
+    fn evicting_sliding_keys_never_grants_a_token(steps in floods()) {
+        use proptest::prop_assert;
+        use sluice_core::algorithm::key_offset;
+        use sluice_core::sliding::{Log, WindowState, window_current, window_evaluate};
+        use sluice_core::{Algorithm, Clock, SlidingLog, SlidingWindow};
+        use std::collections::HashMap;
+
+        let clock = FakeClock::new(Nanos::ZERO);
+        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(200);
+        let sw = SlidingWindow::per_period(4.0, Nanos(2 * Nanos::PER_SEC)).unwrap();
+        let sl = SlidingLog::per_period(4.0, Nanos(3 * Nanos::PER_SEC)).unwrap();
+        let limits = [
+            Limit::new("w", sw),
+            Limit::new("l", sl),
+            Limit::new("w2", sw.with_start(Nanos(300))),
+        ];
+        let mut windows: HashMap<(usize, usize), WindowState> = HashMap::new();
+        let mut logs: HashMap<usize, Log> = HashMap::new();
+        for step in steps {
+            match step {
+                Flood::Call { dt, limit, key, cost, .. } => {
+                    clock.advance(Duration::from_nanos(dt.unsigned_abs()));
+                    let alg = *limits[limit].algorithm();
+                    let name = format!("k{key}");
+                    let now = clock.now();
+                    let got = store.decide_now(Op::new(&limits[limit], &name, cost), Mode::CONSUME).unwrap();
+                    let (allowed, held) = match alg {
+                        Algorithm::SlidingLog(sl) => {
+                            let log = logs.entry(key).or_default();
+                            let allowed = log.evaluate(&sl, now, 0.0, cost).allowed;
+                            if got.allowed && allowed {
+                                log.commit(&sl, now, cost);
+                            }
+                            (allowed, log.current(&sl, now).tokens)
+                        }
+                        Algorithm::SlidingWindow(sw) => {
+                            let offset = key_offset(&alg, &name);
+                            let held = windows.get(&(limit, key)).copied();
+                            let ev = window_evaluate(&sw, held, offset, now, cost);
+                            if let (true, Some(next)) = (got.allowed, ev.next) {
+                                windows.insert((limit, key), next);
+                            }
+                            let after = windows.get(&(limit, key)).copied();
+                            (ev.decision.allowed, window_current(&sw, after, offset, now).tokens)
+                        }
+                        _ => unreachable!("only sliding limits here"),
+                    };
+                    if got.allowed {
+                        prop_assert!(allowed, "k{} admitted {} that the exact history denies", key, cost);
+                    }
+                    if key < 4 {
+                        let tokens = store.value_now(&limits[limit], &name).tokens;
+                        prop_assert!(tokens <= held + 1e-9, "k{} holds {} of {}", key, tokens, held);
+                    }
+                }
+                Flood::Reset { limit, key } => {
+                    store.reset_now(&limits[limit], &format!("k{key}"));
+                    windows.remove(&(limit, key));
+                    if limit == 1 {
+                        logs.remove(&key);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -4,9 +4,10 @@
 // Test helpers outside #[test] functions fail loudly on purpose.
 #![allow(clippy::unwrap_used, clippy::panic)]
 
+use sluice_core::algorithm::window_offset;
 use sluice_core::{
     Algorithm, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos, Op,
-    StoreError, TokenBucket,
+    SlidingLog, SlidingWindow, StoreError, TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -576,4 +577,337 @@ fn a_rate_per_period_keeps_whole_results_whole() {
     h.at(6.0);
     assert_eq!(h.tokens(&l), 1.0);
     assert!(h.take(&l, 1.0).allowed);
+}
+
+// ---- sliding window ----
+
+/// A sliding window of `rate` per `period_s`, windows aligned to the
+/// harness's time zero.
+fn sw(rate: f64, period_s: f64) -> Limit {
+    let cfg = SlidingWindow::per_period(rate, Nanos::from_secs_f64(period_s).unwrap())
+        .unwrap()
+        .with_start(Nanos(1_000 * S));
+    Limit::new("sw", cfg)
+}
+
+#[test]
+fn a_sliding_window_weighs_the_previous_window_by_its_overlap() {
+    let h = H::new();
+    let l = sw(10.0, 10.0);
+    h.at(1.0);
+    let d = h.take(&l, 8.0);
+    assert!(d.allowed);
+    // 8 counted in this window: empty two windows after its start.
+    assert_eq!(
+        (d.limit, d.remaining, d.retry_after, d.reset),
+        (10.0, 2, None, 19.0)
+    );
+    // 2.5 s into the next window the 8 weigh 8 × 0.75 = 6.
+    h.at(12.5);
+    assert_eq!(h.tokens(&l), 4.0);
+    let d = h.take(&l, 4.0);
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset), (0, 17.5));
+    // cur + cost = 5 ≤ 10: the previous window's weight must fall to 5,
+    // at e = 10 × (1 − 5/8) = 3.75 s.
+    let d = h.take(&l, 1.0);
+    assert!(!d.allowed);
+    assert!(close(d.retry_after.unwrap(), 1.25), "{d:?}");
+    assert_eq!(d.remaining, 0);
+    h.at(13.749);
+    assert!(!h.take(&l, 1.0).allowed);
+    h.at(13.75);
+    assert!(h.take(&l, 1.0).allowed);
+}
+
+#[test]
+fn a_window_full_by_itself_waits_for_the_next_even_with_nothing_before() {
+    let h = H::new();
+    let l = sw(10.0, 10.0);
+    h.at(2.0);
+    assert!(h.take(&l, 10.0).allowed);
+    // prev = 0 and cur + cost = 11 > 10: only the next window helps, where
+    // the 10 weigh 10 × (1 − e/10) and 1 more fits from e = 1 s.
+    h.at(4.0);
+    let d = h.take(&l, 1.0);
+    assert!(!d.allowed);
+    assert!(close(d.retry_after.unwrap(), 7.0), "{d:?}");
+    assert!(close(d.reset, 16.0));
+    h.at(10.999);
+    assert!(!h.take(&l, 1.0).allowed);
+    h.at(11.0);
+    let d = h.take(&l, 1.0);
+    assert!(d.allowed);
+    assert_eq!(d.remaining, 0);
+}
+
+#[test]
+fn a_cost_of_the_whole_rate_waits_for_both_windows_to_pass() {
+    let h = H::new();
+    let l = sw(4.0, 10.0);
+    h.at(5.0);
+    assert!(h.take(&l, 1.0).allowed);
+    // cur + 4 > 4, and the 1 must weigh nothing: the window after next.
+    let d = h.take(&l, 4.0);
+    assert!(close(d.retry_after.unwrap(), 15.0), "{d:?}");
+    h.at(19.999);
+    assert!(!h.take(&l, 4.0).allowed);
+    h.at(20.0);
+    assert!(h.take(&l, 4.0).allowed);
+}
+
+#[test]
+fn a_sliding_window_forgets_everything_two_windows_on() {
+    let h = H::new();
+    let l = sw(3.0, 10.0);
+    h.at(9.0);
+    assert!(h.take(&l, 3.0).allowed);
+    h.at(20.0);
+    let v = h.store.value_now(&l, "k");
+    assert_eq!((v.tokens, v.ts), (3.0, Nanos(1_020 * S)));
+    let d = h.take(&l, 3.0);
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset), (0, 20.0));
+}
+
+#[test]
+fn sliding_window_offsets_come_from_the_key_when_start_is_absent() {
+    let h = H::new();
+    let period = Nanos(60 * S);
+    let l = Limit::new("sw", SlidingWindow::per_period(5.0, period).unwrap());
+    for key in ["alice", "bob"] {
+        assert!(h.run(&l, key, 1.0, Mode::CONSUME).allowed);
+        let offset = window_offset(key.as_bytes(), period.0);
+        let ts = h.store.value_now(&l, key).ts;
+        assert_eq!((ts.0 - offset).rem_euclid(period.0), 0, "{key}");
+        assert!(ts.0 <= 1_000 * S && 1_000 * S < ts.0 + period.0);
+    }
+}
+
+#[test]
+fn sliding_windows_refuse_reservations_and_costs_above_the_rate() {
+    let h = H::new();
+    let l = sw(5.0, 1.0);
+    let err = h
+        .store
+        .transact_now(&[Op::new(&l, "k", 1.0)], Mode::RESERVE)
+        .unwrap_err();
+    assert!(
+        matches!(&err, StoreError::Cost(CostError::NoReservations { algorithm, .. }) if *algorithm == "sliding_window"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("takes no reservations"), "{err}");
+    let err = h
+        .store
+        .transact_now(&[Op::new(&l, "k", 5.5)], Mode::CONSUME)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 5.0));
+    assert!(h.take(&l, 5.0).allowed, "the whole rate is a legal cost");
+}
+
+#[test]
+fn a_sliding_window_check_and_cost_zero_change_nothing() {
+    let h = H::new();
+    let l = sw(2.0, 1.0);
+    assert!(h.take(&l, 1.5).allowed);
+    for mode in [Mode::CHECK, Mode::CONSUME] {
+        let d = h.run(&l, "k", 0.0, mode);
+        assert!(d.allowed);
+        assert_eq!(d.remaining, 0);
+    }
+    let d = h.run(&l, "k", 1.0, Mode::CHECK);
+    assert!(!d.allowed);
+    assert_eq!(h.tokens(&l), 0.5);
+    h.store.reset_now(&l, "k");
+    assert_eq!(h.tokens(&l), 2.0);
+    assert!(h.take(&l, 2.0).allowed);
+}
+
+// ---- sliding log ----
+
+fn sl(rate: f64, period_s: f64) -> Limit {
+    let cfg = SlidingLog::per_period(rate, Nanos::from_secs_f64(period_s).unwrap()).unwrap();
+    Limit::new("sl", cfg)
+}
+
+#[test]
+fn a_sliding_log_admits_exactly_rate_in_any_period() {
+    let h = H::new();
+    let l = sl(3.0, 10.0);
+    for t in [0.0, 2.0, 4.0] {
+        h.at(t);
+        assert!(h.take(&l, 1.0).allowed, "at {t}");
+    }
+    h.at(9.999);
+    let d = h.take(&l, 1.0);
+    assert!(!d.allowed);
+    // The entry at 0 leaves the window at 10.
+    assert!(close(d.retry_after.unwrap(), 0.001), "{d:?}");
+    assert_eq!(d.remaining, 0);
+    // The newest entry, at 4, leaves at 14.
+    assert!(close(d.reset, 4.001), "{d:?}");
+    h.at(10.0);
+    let d = h.take(&l, 1.0);
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset), (0, 10.0));
+    let d = h.take(&l, 1.0);
+    assert_eq!(d.retry_after, Some(2.0));
+}
+
+#[test]
+fn a_denied_log_call_waits_for_as_many_entries_as_it_needs_to_leave() {
+    let h = H::new();
+    let l = sl(5.0, 10.0);
+    assert!(h.take(&l, 2.0).allowed);
+    h.at(3.0);
+    assert!(h.take(&l, 2.0).allowed);
+    h.at(6.0);
+    // 4 used: 2 more need the entry at 0 gone (at 10), 5 more both (at 13).
+    let d = h.take(&l, 2.0);
+    assert!(!d.allowed);
+    assert_eq!((d.retry_after, d.remaining, d.reset), (Some(4.0), 1, 7.0));
+    let d = h.take(&l, 5.0);
+    assert_eq!(d.retry_after, Some(7.0));
+    // A denial logged nothing.
+    assert!(h.take(&l, 1.0).allowed);
+    assert_eq!(h.tokens(&l), 0.0);
+}
+
+#[test]
+fn a_sliding_log_counts_fractional_costs_exactly() {
+    let h = H::new();
+    let l = sl(1.0, 1.0);
+    for _ in 0..4 {
+        assert!(h.take(&l, 0.25).allowed);
+    }
+    let d = h.take(&l, 0.25);
+    assert!(!d.allowed);
+    // All four share one instant, so one entry: all leave together.
+    assert_eq!(d.retry_after, Some(1.0));
+    h.at(0.5);
+    assert!(!h.take(&l, 0.125).allowed);
+    h.at(1.0);
+    assert!(h.take(&l, 1.0).allowed);
+}
+
+#[test]
+fn a_sliding_log_check_cost_zero_reset_and_value() {
+    let h = H::new();
+    let l = sl(4.0, 10.0);
+    assert_eq!(h.tokens(&l), 4.0);
+    h.at(1.0);
+    assert!(h.take(&l, 3.0).allowed);
+    let d = h.run(&l, "k", 2.0, Mode::CHECK);
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(10.0));
+    let d = h.run(&l, "k", 0.0, Mode::CONSUME);
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset), (1, 10.0));
+    h.at(2.5);
+    let v = h.store.value_now(&l, "k");
+    assert_eq!((v.tokens, v.ts), (1.0, Nanos(1_002_500_000_000)));
+    h.store.reset_now(&l, "k");
+    assert_eq!(h.tokens(&l), 4.0);
+    assert!(h.take(&l, 4.0).allowed);
+}
+
+#[test]
+fn a_sliding_log_refuses_reservations_and_costs_above_the_rate() {
+    let h = H::new();
+    let l = sl(2.0, 1.0);
+    let err = h
+        .store
+        .transact_now(&[Op::new(&l, "k", 1.0)], Mode::RESERVE)
+        .unwrap_err();
+    assert!(matches!(
+        err,
+        StoreError::Cost(CostError::NoReservations { .. })
+    ));
+    let err = h
+        .store
+        .transact_now(&[Op::new(&l, "k", 2.5)], Mode::CONSUME)
+        .unwrap_err();
+    assert!(matches!(err, StoreError::Cost(CostError::Impossible { max, .. }) if max == 2.0));
+}
+
+#[test]
+fn a_clock_stepping_back_lets_no_log_entry_leave_early() {
+    let h = H::new();
+    let l = sl(2.0, 10.0);
+    h.at(5.0);
+    assert!(h.take(&l, 2.0).allowed);
+    h.at(20.0);
+    assert!(h.take(&l, 1.0).allowed);
+    // Back to 14.9, when the 2 at 5 were still in the window: the log is
+    // read at its newest time, 20, where only the 1 counts.
+    h.at(14.9);
+    let d = h.take(&l, 1.0);
+    assert!(d.allowed);
+    assert_eq!(d.reset, 10.0);
+    assert!(!h.take(&l, 1.0).allowed);
+}
+
+#[test]
+fn sharded_sliding_limits_split_the_rate() {
+    let h = H::new();
+    let l = sl(8.0, 10.0).with_shards(4).unwrap();
+    let Algorithm::SlidingLog(per) = l.shard_algorithm() else {
+        panic!("sliding log expected")
+    };
+    assert_eq!(per.rate(), 2.0);
+    fastrand::seed(11);
+    let admitted = (0..100).filter(|_| h.take(&l, 1.0).allowed).count();
+    assert!((6..=8).contains(&admitted), "{admitted}");
+    assert_eq!(h.tokens(&l), 8.0 - admitted as f64);
+    h.at(10.0);
+    assert_eq!(h.tokens(&l), 8.0);
+}
+
+#[test]
+fn a_transaction_mixes_sliding_and_bucket_limits_all_or_nothing() {
+    let h = H::new();
+    let log = sl(2.0, 10.0);
+    let window = sw(3.0, 10.0);
+    let bucket = tb(1.0, 5.0);
+    let ops = [
+        Op::new(&bucket, "k", 1.0),
+        Op::new(&log, "k", 1.0),
+        Op::new(&window, "k", 1.0),
+    ];
+    for _ in 0..2 {
+        assert!(h.store.transact_now(&ops, Mode::CONSUME).unwrap().allowed);
+    }
+    let out = h.store.transact_now(&ops, Mode::CONSUME).unwrap();
+    assert!(!out.allowed);
+    assert_eq!(out.deciding(), Some(1));
+    assert_eq!(out.retry_after(), Some(10.0));
+    // The others would have allowed, and report what they still hold.
+    let [b, _, w] = [out.decisions[0], out.decisions[1], out.decisions[2]];
+    assert!(b.allowed && w.allowed);
+    assert_eq!((b.remaining, w.remaining), (3, 1));
+    assert_eq!((h.tokens(&bucket), h.tokens(&window)), (3.0, 1.0));
+    // The same log key twice pays twice.
+    h.at(10.0);
+    let twice = [Op::new(&log, "k", 1.0), Op::new(&log, "k", 1.5)];
+    assert!(!h.store.transact_now(&twice, Mode::CONSUME).unwrap().allowed);
+    let twice = [Op::new(&log, "k", 1.0), Op::new(&log, "k", 1.0)];
+    let out = h.store.transact_now(&twice, Mode::CONSUME).unwrap();
+    assert!(out.allowed);
+    assert_eq!(out.decisions[1].remaining, 0);
+    assert_eq!(h.tokens(&log), 0.0);
+}
+
+#[test]
+fn one_name_as_a_bucket_and_a_log_in_one_transaction_is_refused() {
+    let h = H::new();
+    let bucket = Limit::new("same", TokenBucket::new(1.0, 5.0).unwrap());
+    let log = Limit::new("same", SlidingLog::per_period(5.0, Nanos(S)).unwrap());
+    let ops = [Op::new(&bucket, "k", 1.0), Op::new(&log, "k", 1.0)];
+    let err = h.store.transact_now(&ops, Mode::CONSUME).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("as both a token_bucket and a sliding_log"),
+        "{err}"
+    );
+    assert_eq!(h.tokens(&bucket), 5.0, "nothing was spent");
 }

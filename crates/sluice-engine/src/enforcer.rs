@@ -353,6 +353,9 @@ fn window(rule: &Rule) -> f64 {
     match rule.limit().algorithm() {
         // The time to refill from empty; `rate` is per second.
         sluice_core::Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
-        sluice_core::Algorithm::FixedWindow(fw) => fw.period().as_secs_f64(),
+        // A fixed window's period, and the period a sliding one counts over.
+        windowed => windowed
+            .window()
+            .map_or(0.0, sluice_core::Nanos::as_secs_f64),
     }
 }

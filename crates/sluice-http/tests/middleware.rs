@@ -80,6 +80,24 @@ async fn allowed_and_denied_responses_carry_well_formed_headers() {
 }
 
 #[tokio::test]
+async fn a_sliding_log_states_its_period_as_the_window() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let app = app(&clock);
+    let first = send(&app, req("/sliding", "192.0.2.1")).await;
+    assert_eq!(header(&first, "ratelimit-policy"), r#""sliding";q=2;w=60"#);
+    // Empty again a period after the newest logged call.
+    assert_eq!(header(&first, "ratelimit"), r#""sliding";r=1;t=60"#);
+    clock.advance(Duration::from_secs(20));
+    send(&app, req("/sliding", "192.0.2.1")).await;
+    let denied = send(&app, req("/sliding", "192.0.2.1")).await;
+    assert_eq!(denied.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The first call leaves the window 40 s from now; jitter adds at most half.
+    let retry: u64 = header(&denied, "retry-after").parse().unwrap();
+    assert!((40..=60).contains(&retry), "{retry}");
+    assert_eq!(header(&denied, "ratelimit"), r#""sliding";r=0;t=60"#);
+}
+
+#[tokio::test]
 async fn several_rules_are_one_transaction_and_the_slowest_speaks() {
     let clock = FakeClock::new(Nanos::ZERO);
     let app = app(&clock);

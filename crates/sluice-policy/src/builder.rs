@@ -157,8 +157,9 @@ impl PolicyBuilder {
 
 impl Rule {
     /// A request rule named `name`, to add with [`PolicyBuilder::rule`]. It
-    /// needs a limit ([`RuleBuilder::token_bucket`] or
-    /// [`RuleBuilder::fixed_window`]); without a key part every request
+    /// needs a limit ([`RuleBuilder::token_bucket`],
+    /// [`RuleBuilder::fixed_window`], [`RuleBuilder::sliding_window`] or
+    /// [`RuleBuilder::sliding_log`]); without a key part every request
     /// shares one bucket.
     ///
     /// ```
@@ -215,10 +216,39 @@ impl RuleBuilder {
     /// A fixed window: `limit` per `period`, counted from the epoch.
     #[must_use]
     pub fn fixed_window(self, limit: f64, period: Duration) -> Self {
-        self.algorithm(
-            "fixed_window",
-            [("rate", limit), ("period", period.as_secs_f64())],
-        )
+        self.per_period("fixed_window", limit, period)
+    }
+
+    /// A sliding window: `limit` per `period`, estimated from the counts of
+    /// the current and the previous fixed window.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_core::{Algorithm, Nanos, SlidingWindow};
+    /// use sluice_policy::{Policy, Rule};
+    /// let rule = Rule::builder("r").sliding_window(50.0, Duration::from_secs(60));
+    /// let p = Policy::builder().rule(rule).build().unwrap();
+    /// let want = SlidingWindow::per_period(50.0, Nanos(60 * Nanos::PER_SEC)).unwrap();
+    /// assert_eq!(p.rules()[0].limit().algorithm(), &Algorithm::from(want));
+    /// ```
+    #[must_use]
+    pub fn sliding_window(self, limit: f64, period: Duration) -> Self {
+        self.per_period("sliding_window", limit, period)
+    }
+
+    /// A sliding log: exactly `limit` per any `period`, every admission
+    /// logged.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_policy::{Policy, Rule};
+    /// let rule = Rule::builder("r").sliding_log(5.0, Duration::from_secs(1));
+    /// let p = Policy::builder().rule(rule).build().unwrap();
+    /// assert_eq!(p.rules()[0].limit().algorithm().name(), "sliding_log");
+    /// ```
+    #[must_use]
+    pub fn sliding_log(self, limit: f64, period: Duration) -> Self {
+        self.per_period("sliding_log", limit, period)
     }
 
     /// Splits each key into `shards` hot-key shards, for keys hotter than
@@ -267,6 +297,11 @@ impl RuleBuilder {
         self.doc
             .insert("on_store_error".into(), on_store_error(on_error));
         self
+    }
+
+    /// A windowed algorithm of `limit` per `period`.
+    fn per_period(self, name: &str, limit: f64, period: Duration) -> Self {
+        self.algorithm(name, [("rate", limit), ("period", period.as_secs_f64())])
     }
 
     fn algorithm<const N: usize>(mut self, name: &str, settings: [(&str, f64); N]) -> Self {

@@ -7,7 +7,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_saphyr::Spanned;
-use sluice_core::{Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, TokenBucket};
+use sluice_core::sliding::MAX_LOG_ENTRIES;
+use sluice_core::{
+    Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, SlidingLog, SlidingWindow, TokenBucket,
+};
 
 use crate::client_ip::{ForwardingHeader, TrustedProxies};
 use crate::condition::Condition;
@@ -55,8 +58,10 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
     // Rules and named limits share one namespace: the store keys state by
     // limit name, so a rule and a limit with the same name would share buckets.
     let mut names = HashMap::new();
+    let mut limit_at = Vec::new();
     for (name, limit) in raw.limits.map(|e| e.0).unwrap_or_default() {
         claim(&mut names, &name, "limit")?;
+        limit_at.push(Pos::from(&name));
         let config = &limit.value.algorithm_config;
         let (built, capacity) = build(&name.value, limit.value.algorithm, config, &mut warnings)?;
         forbid_cost(&config.value)?;
@@ -76,6 +81,11 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
         policy.rules.push(compiled);
     }
     warn_of_ungrouped_tiers(&policy.rules, &named_at, &mut warnings);
+    if matches!(policy.store, StoreConfig::Redis { .. }) {
+        let limits = policy.limits.iter().map(|l| &l.limit).zip(limit_at);
+        let rules = policy.rules.iter().map(Rule::limit).zip(named_at);
+        warn_of_sliding_on_redis(limits.chain(rules), &mut warnings);
+    }
     warnings.sort_by_key(|w| w.pos);
     Ok((policy, warnings))
 }
@@ -110,7 +120,7 @@ fn check_named(
             ),
         ));
     }
-    if alg.max_reserved().is_none() {
+    if alg.reserves() && alg.max_reserved().is_none() {
         warnings.push(at(
             name,
             format!(
@@ -223,6 +233,28 @@ fn warn_of_ungrouped_tiers(rules: &[Rule], named_at: &[Pos], warnings: &mut Vec<
                     catch_all.name(),
                     tier.name(),
                     tier.name()
+                ),
+            ));
+        }
+    }
+}
+
+/// Warns of each sliding limit of a policy whose store is Redis, which does
+/// not run them yet: every call would fail as `on_store_error` says. A
+/// warning, not an error, since `--store memory` may replace the store.
+fn warn_of_sliding_on_redis<'a>(
+    limits: impl Iterator<Item = (&'a Limit, Pos)>,
+    warnings: &mut Vec<Invalid>,
+) {
+    for (limit, pos) in limits {
+        if let Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) = limit.algorithm() {
+            warnings.push(at(
+                pos,
+                format!(
+                    "`{}` is a {}, which the redis store does not support yet: each of its \
+                     calls would fail as `on_store_error` says; run it on the memory store",
+                    limit.name(),
+                    limit.algorithm().name()
                 ),
             ));
         }
@@ -389,6 +421,8 @@ fn build(
     let (algorithm, capacity) = match kind {
         AlgorithmKind::TokenBucket => token_bucket(c, &rate)?,
         AlgorithmKind::FixedWindow => fixed_window(c, &rate)?,
+        AlgorithmKind::SlidingWindow => sliding_window(c, &rate)?,
+        AlgorithmKind::SlidingLog => sliding_log(c, &rate)?,
     };
     let mut limit = Limit::new(name, algorithm);
     if let Some(s) = &c.shards {
@@ -399,6 +433,19 @@ fn build(
             ));
         }
         limit = limit.with_shards(s.value).map_err(|e| at(s, e))?;
+    }
+    if let Algorithm::SlidingLog(per_shard) = limit.shard_algorithm()
+        && per_shard.rate() > MAX_LOG_ENTRIES as f64
+    {
+        warnings.push(at(
+            rate.pos,
+            format!(
+                "a key of this sliding_log may log {} calls of cost 1 per period; past \
+                 {MAX_LOG_ENTRIES} a key merges its newest entries, which can deny a little \
+                 early; a sliding_window counts in constant memory",
+                per_shard.rate()
+            ),
+        ));
     }
     Ok((limit, capacity))
 }
@@ -531,6 +578,63 @@ fn fixed_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource
             .map_err(|e| at(m, e))?;
     }
     Ok((fw.into(), capacity))
+}
+
+/// Refuses what a sliding algorithm has no use for: it admits at most its
+/// `rate` per `period`, with no burst above it and no reservations.
+fn refuse_for_sliding(c: &RawConfig, name: &str) -> Result<(), Invalid> {
+    let burst = [("burst", &c.burst), ("capacity", &c.capacity)]
+        .into_iter()
+        .find_map(|(f, v)| Some((f, v.as_ref()?)));
+    if let Some((field, v)) = burst {
+        return Err(at(
+            v,
+            format!(
+                "a {name} has no `{field}`: it admits at most `rate` per `period`; \
+                 use a token_bucket for bursts above the rate"
+            ),
+        ));
+    }
+    if let Some(m) = &c.max_reserved {
+        return Err(at(
+            m,
+            format!("a {name} takes no reservations, so it has no `max_reserved`"),
+        ));
+    }
+    Ok(())
+}
+
+/// Where a sliding algorithm's capacity comes from: its rate.
+fn rate_as_capacity(rate: &Rate) -> CapacitySource {
+    CapacitySource {
+        pos: rate.pos,
+        label: format!("`{}`", rate.field),
+    }
+}
+
+fn sliding_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource), Invalid> {
+    refuse_for_sliding(c, "sliding_window")?;
+    let mut sw =
+        SlidingWindow::per_period(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
+    if let Some(s) = &c.start {
+        if s.value.0.0 < 0 {
+            return Err(at(s, "`start` must not be negative"));
+        }
+        sw = sw.with_start(s.value.0);
+    }
+    Ok((sw.into(), rate_as_capacity(rate)))
+}
+
+fn sliding_log(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource), Invalid> {
+    refuse_for_sliding(c, "sliding_log")?;
+    if let Some(s) = &c.start {
+        return Err(at(
+            s,
+            "`start` aligns windows; a sliding_log has none: its window ends at every call",
+        ));
+    }
+    let sl = SlidingLog::per_period(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
+    Ok((sl.into(), rate_as_capacity(rate)))
 }
 
 fn cost(c: &RawConfig) -> Result<Cost, Invalid> {

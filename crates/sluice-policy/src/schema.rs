@@ -49,6 +49,8 @@ pub(crate) struct RawStore {
 pub(crate) enum AlgorithmKind {
     TokenBucket,
     FixedWindow,
+    SlidingWindow,
+    SlidingLog,
 }
 
 #[derive(Debug, Deserialize)]

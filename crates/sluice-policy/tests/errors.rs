@@ -502,6 +502,72 @@ fn rules_that_could_never_match_as_meant_are_refused() {
     }
 }
 
+/// What a sliding algorithm has no use for is refused where it is written,
+/// and so is a cost it could never admit.
+#[test]
+fn sliding_algorithms_refuse_what_they_cannot_mean() {
+    let cases = [
+        (
+            "sliding_log",
+            "      rate: 5\n      period: 1m\n      burst: 10\n",
+            (8, 14),
+            "a sliding_log has no `burst`",
+        ),
+        (
+            "sliding_window",
+            "      rps: 5\n      capacity: 10\n",
+            (7, 17),
+            "a sliding_window has no `capacity`",
+        ),
+        (
+            "sliding_window",
+            "      rps: 5\n      max_reserved: 3\n",
+            (7, 21),
+            "a sliding_window takes no reservations",
+        ),
+        (
+            "sliding_log",
+            "      rps: 5\n      max_reserved: 0\n",
+            (7, 21),
+            "a sliding_log takes no reservations",
+        ),
+        (
+            "sliding_log",
+            "      rps: 5\n      start: 10s\n",
+            (7, 14),
+            "a sliding_log has none",
+        ),
+        (
+            "sliding_window",
+            "      rps: 5\n      start: -1\n",
+            (7, 14),
+            "`start` must not be negative",
+        ),
+        // A fixed or default cost above the rate could never pass.
+        (
+            "sliding_log",
+            "      rate: 5\n      period: 1m\n      fixed_cost: 6\n",
+            (6, 13),
+            "`rate` 5 is less than the rule's fixed_cost 6",
+        ),
+        (
+            "sliding_window",
+            "      rps: 4\n      cost_source: query:n\n      default_cost: 4.5\n",
+            (6, 12),
+            "`rps` 4 is less than the rule's default_cost 4.5",
+        ),
+        (
+            "sliding_window",
+            "      rps: 4\n      shards: 8\n",
+            (6, 12),
+            "`rps` 4 split over 8 shards leaves 0.5 per shard",
+        ),
+    ];
+    for (algorithm, config, (line, column), needle) in cases {
+        assert_err(&rule(algorithm, config), line, column, needle);
+    }
+}
+
 /// Legal, but almost surely not what was meant: the policy loads, and the
 /// warning says where and why.
 #[test]
@@ -532,6 +598,35 @@ fn likely_mistakes_are_warned_about_with_their_position() {
         w,
         [
             "policy.yaml:2:11: warning: rule `everyone` has no limit_keys: every request it matches shares one bucket"
+        ]
+    );
+    // A sliding limit cannot reserve, so it needs no `max_reserved`; a log
+    // long enough to be merged is pointed out.
+    let sliding = |alg: &str, config: &str| {
+        warnings(&format!(
+            "limits:\n  l:\n    algorithm: {alg}\n    algorithm_config: {config}\n"
+        ))
+    };
+    assert_eq!(
+        sliding("sliding_window", "{rate: 5, period: 1s}"),
+        Vec::<String>::new()
+    );
+    let w = sliding("sliding_log", "{rate: 100000, period: 1h}");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("policy.yaml:4:30: warning: a key of this sliding_log may log 100000"),
+        "{}",
+        w[0]
+    );
+    // The redis store does not run the sliding algorithms yet.
+    let w = warnings(
+        "store: {kind: redis, url: 'redis://127.0.0.1:6379/0'}\nlimits:\n  l:\n    \
+         algorithm: sliding_window\n    algorithm_config: {rate: 5, period: 1s}\n",
+    );
+    assert_eq!(
+        w,
+        [
+            "policy.yaml:3:3: warning: `l` is a sliding_window, which the redis store does not support yet: each of its calls would fail as `on_store_error` says; run it on the memory store"
         ]
     );
     // The bundled example is clean.

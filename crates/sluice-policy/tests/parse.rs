@@ -8,7 +8,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_core::{Algorithm, FixedWindow, Nanos, TokenBucket};
+use sluice_core::{Algorithm, FixedWindow, Nanos, SlidingLog, SlidingWindow, TokenBucket};
 use sluice_policy::{
     Condition, CostSource, Enforcement, LimitKey, OnStoreError, Policy, RequestParts, StoreConfig,
 };
@@ -338,6 +338,39 @@ fn fixed_window_forms_and_capacity_default() {
         ),
         rolled.into()
     );
+}
+
+#[test]
+fn sliding_window_and_sliding_log_forms() {
+    let window = |rate, period| SlidingWindow::per_period(rate, period).unwrap();
+    assert_eq!(
+        algorithm("sliding_window", "{rate: 100, period: 1m}"),
+        window(100.0, secs(60)).into()
+    );
+    assert_eq!(
+        algorithm("sliding_window", "{rps: 7, start: 0.5}"),
+        window(7.0, secs(1)).with_start(Nanos(500_000_000)).into()
+    );
+    let log = |rate, period| SlidingLog::per_period(rate, period).unwrap();
+    assert_eq!(
+        algorithm("sliding_log", "{rate: 10, period: 1h}"),
+        log(10.0, secs(3600)).into()
+    );
+    assert_eq!(
+        algorithm("sliding_log", "{tokens_per_second: 2.5}"),
+        log(2.5, secs(1)).into()
+    );
+    let p = Policy::from_str(
+        "rules:\n  - name: hot\n    limit_keys: [path]\n    algorithm: sliding_log\n    \
+         algorithm_config: {rate: 64, period: 1m, shards: 4, cost_source: header:x-cost, \
+         default_cost: 2}\n",
+        "p.yaml",
+    )
+    .unwrap();
+    let rule = &p.rules()[0];
+    assert_eq!(rule.limit().shards(), 4);
+    assert_eq!(rule.limit().shard_algorithm(), &log(16.0, secs(60)).into());
+    assert_eq!(rule.cost().default_cost(), 2.0);
 }
 
 #[test]

@@ -757,6 +757,14 @@ impl Store for RedisStore {
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
+        if matches!(
+            limit.algorithm(),
+            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_)
+        ) {
+            // A key that cannot be decided here has nothing here to reset
+            // either, and saying so is clearer than succeeding.
+            return Err(script::unsupported(limit));
+        }
         let shared = &self.shared;
         // Only shard 0 of an unsharded limit is ever cached.
         let forget = |now: Nanos| {

@@ -205,6 +205,132 @@ rules:
     assert_eq!(ds[0]["limit"], 2);
 }
 
+/// Asserts that `d` has these fields, `retry_after` to within a nanosecond.
+#[track_caller]
+fn assert_decision(d: &Value, allowed: bool, remaining: u64, retry_after: Option<f64>, reset: f64) {
+    assert_eq!(d["allowed"], allowed, "{d}");
+    assert_eq!(d["remaining"], remaining, "{d}");
+    match retry_after {
+        Some(r) => assert!((d["retry_after"].as_f64().unwrap() - r).abs() < 1e-9, "{d}"),
+        None => assert_eq!(d["retry_after"], Value::Null, "{d}"),
+    }
+    assert!((d["reset"].as_f64().unwrap() - reset).abs() < 1e-9, "{d}");
+}
+
+#[test]
+fn a_sliding_window_weighs_the_previous_window_by_its_overlap() {
+    let policy = "
+rules:
+  - name: sliding
+    limit_keys: []
+    algorithm: sliding_window
+    algorithm_config: {rate: 10, period: 10s, start: 0, cost_source: 'query:n'}
+";
+    let at = |t: f64, n: u32| json!({"t": t, "path": "/", "query": format!("n={n}")});
+    let ds = replay(
+        policy,
+        &[
+            at(1.0, 8),
+            at(12.5, 4),
+            at(12.5, 1),
+            at(13.75, 1),
+            at(14.0, 6),
+        ],
+    );
+    // 8 in the window [0, 10): empty from 20.
+    assert_decision(&ds[0], true, 2, None, 19.0);
+    assert_eq!(
+        (&ds[0]["limit"], &ds[0]["rule"]),
+        (&json!(10), &json!("sliding"))
+    );
+    // At 12.5 the 8 weigh 8 × (10 − 2.5) / 10 = 6: 4 fit, leaving nothing.
+    assert_decision(&ds[1], true, 0, None, 17.5);
+    // One more waits until 8 × (10 − e) / 10 + 4 + 1 ≤ 10: e = 3.75.
+    assert_decision(&ds[2], false, 0, Some(1.25), 17.5);
+    assert_decision(&ds[3], true, 0, None, 16.25);
+    // At 14: 8 × 0.6 + 5 = 9.8 counted, and 5 + 6 > 10, so the next window,
+    // where 5 × (10 − e) / 10 + 6 ≤ 10 from e = 2: 6 + 2 = 8 s.
+    assert_decision(&ds[4], false, 0, Some(8.0), 16.0);
+}
+
+#[test]
+fn a_sliding_log_admits_exactly_its_rate_over_any_period() {
+    let policy = "
+limits:
+  search:
+    algorithm: sliding_log
+    algorithm_config: {rate: 3, period: 1m}
+";
+    let call =
+        |t: f64, count: f64| json!({"t": t, "limit": "search", "key": "user-1", "count": count});
+    let mut reserve = call(60.0, 1.0);
+    reserve["reserve"] = json!(true);
+    let ds = replay(
+        policy,
+        &[
+            call(0.0, 1.0),
+            call(20.0, 1.0),
+            call(40.0, 1.0),
+            call(59.5, 1.0),
+            call(60.0, 1.0),
+            call(60.0, 2.0),
+            reserve,
+            call(100.0, 2.0),
+        ],
+    );
+    assert_decision(&ds[0], true, 2, None, 60.0);
+    assert_decision(&ds[1], true, 1, None, 60.0);
+    assert_decision(&ds[2], true, 0, None, 60.0);
+    // The call at 0 leaves the window at 60; the newest, at 40, at 100.
+    assert_decision(&ds[3], false, 0, Some(0.5), 40.5);
+    assert_decision(&ds[4], true, 0, None, 60.0);
+    // 2 more need the calls at 20 and 40 gone: until 100.
+    assert_decision(&ds[5], false, 0, Some(40.0), 60.0);
+    assert!(
+        ds[6]["error"]
+            .as_str()
+            .unwrap()
+            .contains("takes no reservations"),
+        "{}",
+        ds[6]
+    );
+    assert_decision(&ds[7], true, 0, None, 60.0);
+}
+
+#[test]
+fn a_sliding_log_and_a_token_bucket_decide_a_request_together() {
+    let policy = "
+rules:
+  - name: log
+    limit_keys: [ip:address]
+    match: {path_prefix: /api}
+    algorithm: sliding_log
+    algorithm_config: {rate: 2, period: 10s}
+  - name: bucket
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 0.1, burst: 5}
+";
+    let ip = "203.0.113.9";
+    let mut events: Vec<Value> = [0.0, 1.0, 2.0, 4.0].iter().map(|&t| req(t, ip)).collect();
+    events.push(json!({"t": 4.0, "ip": ip, "method": "GET", "path": "/other"}));
+    let ds = replay(policy, &events);
+    let allowed: Vec<bool> = ds.iter().map(|d| d["allowed"].as_bool().unwrap()).collect();
+    assert_eq!(allowed, [true, true, false, false, true]);
+    // The log denies at 2 and 4: its first entry leaves at 10.
+    assert_eq!(
+        (&ds[2]["rule"], &ds[2]["retry_after"]),
+        (&json!("log"), &json!(8.0))
+    );
+    assert_eq!(ds[3]["retry_after"], 6.0);
+    // The denials took nothing from the bucket: 5 − 1 at 0, + 0.1 − 1 at
+    // 1, + 0.3 at 4 is 3.4, and the request only it limits leaves 2.4.
+    assert_eq!(
+        (&ds[4]["rule"], &ds[4]["remaining"]),
+        (&json!("bucket"), &json!(2))
+    );
+}
+
 #[test]
 fn bad_cost_headers_fall_back_to_the_default_cost() {
     let policy = "

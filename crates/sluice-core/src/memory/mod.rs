@@ -2,7 +2,9 @@
 //! stripe, memory bounded by dropping full buckets and by a key cap.
 //!
 //! A key is held as a 64-bit fingerprint from SipHash-1-3 under a random
-//! per-store key, next to its two numbers: 24 bytes an entry (see `slots`). Keys of
+//! per-store key, next to its two numbers: 24 bytes an entry (see `slots`).
+//! The sliding algorithms' states, which need more, live in maps of their own
+//! beside the flat entries, under the same lock (see `sliding`). Keys of
 //! different limits live in different tables, so two keys can only share
 //! state if they belong to the same limit and their fingerprints collide
 //! (chance about n²/2⁶⁵ for n live keys, and no one who doesn't know the
@@ -22,10 +24,12 @@ use crate::time::{Clock, Nanos, SystemClock};
 
 mod ghosts;
 mod hot;
+mod sliding;
 mod slots;
 
 use ghosts::Ghosts;
 use hot::{Held, Hot};
+use sliding::{Kind, Next, Sliding};
 use slots::{Entry, Probe, Slots, nonzero};
 
 /// Entries a stripe holds before inserts start sweeping for full buckets: a
@@ -62,6 +66,9 @@ struct Table {
     /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
     entries: Slots,
+    /// The states of a sliding algorithm's keys (empty for the others);
+    /// boxed, so that the table stays small for the others.
+    sliding: Box<Sliding>,
     /// Keys the cap dropped before they were full; made at the first such
     /// drop, so a store without a cap, or that never reaches it, has none.
     ghosts: Option<Box<Ghosts>>,
@@ -129,7 +136,63 @@ impl Table {
         if let Some(g) = &mut self.ghosts {
             g.forget(fp, now);
         }
-        -isize::from(self.entries.remove(fp))
+        self.sliding.remove(fp) - isize::from(self.entries.remove(fp))
+    }
+
+    /// Brings a sliding key that the cap forgot back into the map, as the
+    /// fullest state its refill time allows, so that it is read like any
+    /// other. Returns the change in the number of entries.
+    fn restore(&mut self, kind: Kind<'_>, fp: u64, offset: i64, now: Nanos) -> isize {
+        if self.sliding.contains(fp) {
+            return 0;
+        }
+        match self.ghosts.as_ref().and_then(|g| g.recall(fp, now)) {
+            Some(empty_at) => self.sliding.restore(kind, fp, empty_at, offset, now),
+            None => 0,
+        }
+    }
+
+    /// Forgets every key as the cap would, leaving the refill time of each
+    /// one that is not full behind: what a key holds under one kind of
+    /// algorithm means nothing under another.
+    fn forget_all(&mut self, now: Nanos) {
+        let alg = self.alg();
+        let mut times: Vec<(u64, Nanos)> = self
+            .entries
+            .iter()
+            .map(|e| (e.fp, algorithm::full_at(&alg, &e.state())))
+            .collect();
+        if let Some(kind) = Kind::of(&alg) {
+            times.extend(self.sliding.empty_times(kind));
+        }
+        self.entries = Slots::default();
+        *self.sliding = Sliding::default();
+        let room = times.len().max(1);
+        let ghosts = self
+            .ghosts
+            .get_or_insert_with(|| Box::new(Ghosts::with_room_for(room)));
+        for (fp, at) in times {
+            if at > now {
+                ghosts.remember(fp, at, now);
+            }
+        }
+    }
+}
+
+/// Picks the entries to evict: every one full before the cutoff, and as
+/// many of those full at it as make up the rest.
+struct Cutoff {
+    at: i64,
+    ties: usize,
+}
+
+impl Cutoff {
+    fn evicts(&mut self, full_at: Nanos) -> bool {
+        let evict = full_at.0 < self.at || (full_at.0 == self.at && self.ties > 0);
+        if evict && full_at.0 == self.at {
+            self.ties -= 1;
+        }
+        evict
     }
 }
 
@@ -163,8 +226,12 @@ impl Stripe {
 
     /// The table of `limit`, created on first use. A changed configuration
     /// takes effect at once and keeps the stored tokens; what the key cap
-    /// forgot is carried over as the new configuration would count it.
-    fn table(&mut self, limit: &Limit, now: Nanos) -> usize {
+    /// forgot is carried over as the new configuration would count it. A
+    /// change to an algorithm whose states are of another kind (between the
+    /// two-number ones, the sliding window and the sliding log) forgets
+    /// every key as the cap would, after moving the stripe's hot keys
+    /// (`hot`) back.
+    fn table(&mut self, limit: &Limit, now: Nanos, hot: &Hot) -> usize {
         if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
             return i;
         }
@@ -174,8 +241,13 @@ impl Stripe {
             .position(|t| t.limit.name() == limit.name())
         {
             Some(i) => {
+                let (from, to) = (self.tables[i].alg(), *limit.shard_algorithm());
+                if !Kind::same_states(&from, &to) {
+                    hot.drain(|held| self.write_back(held));
+                    self.tables[i].forget_all(now);
+                    self.recount();
+                }
                 let table = &mut self.tables[i];
-                let (from, to) = (table.alg(), *limit.shard_algorithm());
                 // A reload hands over a new handle to the same configuration
                 // as often as a changed one; only a change moves the times.
                 if let Some(g) = &mut table.ghosts
@@ -190,6 +262,7 @@ impl Stripe {
                 self.tables.push(Table {
                     limit: limit.clone(),
                     entries: Slots::default(),
+                    sliding: Box::default(),
                     ghosts: None,
                 });
                 self.tables.len() - 1
@@ -233,6 +306,9 @@ impl Stripe {
             let alg = t.alg();
             t.entries
                 .retain(|e| algorithm::full_at(&alg, &e.state()) > now);
+            if let Some(kind) = Kind::of(&alg) {
+                t.sliding.drop_empty(kind, now);
+            }
         }
         self.recount();
         if self.len > cap {
@@ -252,21 +328,28 @@ impl Stripe {
     }
 
     fn recount(&mut self) {
-        self.len = self.tables.iter().map(|t| t.entries.len()).sum();
+        self.len = self
+            .tables
+            .iter()
+            .map(|t| t.entries.len() + t.sliding.len())
+            .sum();
     }
 
     /// Drops the entries nearest to full until `target` are left, leaving
     /// each one's refill time behind in its table's ghosts (room for `cap`).
     fn evict_nearest_full(&mut self, target: usize, now: Nanos, cap: usize) {
-        let mut times: Vec<i64> = self
-            .tables
-            .iter()
-            .flat_map(|t| {
+        let mut times: Vec<i64> = Vec::with_capacity(self.len);
+        for t in &self.tables {
+            let alg = t.alg();
+            times.extend(
                 t.entries
                     .iter()
-                    .map(|e| algorithm::full_at(&t.alg(), &e.state()).0)
-            })
-            .collect();
+                    .map(|e| algorithm::full_at(&alg, &e.state()).0),
+            );
+            if let Some(kind) = Kind::of(&alg) {
+                times.extend(t.sliding.empty_times(kind).map(|(_, at)| at.0));
+            }
+        }
         let excess = times.len().saturating_sub(target);
         if excess == 0 {
             return;
@@ -276,25 +359,27 @@ impl Stripe {
         // those at the cutoff as make up the rest, so that a key strictly
         // nearer to full is never kept while one further from it goes.
         let below = times.iter().filter(|&&t| t < cutoff).count();
-        let mut ties = excess - below;
+        let mut cut = Cutoff {
+            at: cutoff,
+            ties: excess - below,
+        };
         for t in &mut self.tables {
             let alg = t.alg();
             let ghosts = &mut t.ghosts;
-            t.entries.retain(|e| {
-                let full_at = algorithm::full_at(&alg, &e.state());
-                let evict = full_at.0 < cutoff || (full_at.0 == cutoff && ties > 0);
+            let mut evict = |fp: u64, full_at: Nanos| {
+                let evict = cut.evicts(full_at);
                 if evict {
-                    if full_at.0 == cutoff {
-                        ties -= 1;
-                    }
                     ghosts
                         .get_or_insert_with(|| Box::new(Ghosts::with_room_for(cap)))
-                        .remember(e.fp, full_at, now);
-                    false
-                } else {
-                    true
+                        .remember(fp, full_at, now);
                 }
-            });
+                evict
+            };
+            t.entries
+                .retain(|e| !evict(e.fp, algorithm::full_at(&alg, &e.state())));
+            if let Some(kind) = Kind::of(&alg) {
+                t.sliding.retain(kind, |fp, at| !evict(fp, at));
+            }
         }
         self.recount();
     }
@@ -527,19 +612,22 @@ impl<C: Clock> MemoryStore<C> {
     fn single(&self, op: &Op<'_>, mode: Mode) -> Result<Decision, StoreError> {
         op.validate(mode.reserve)?;
         let alg = op.limit.shard_algorithm();
-        let offset = algorithm::key_offset(alg, op.key);
+        let offset = algorithm::limit_key_offset(op.limit, op.key);
         let fp = self.fingerprint(op.key, 0);
         // Read before the lock to keep the critical section short. A thread
         // that read an earlier time and locks later sees a state from its
         // future, which the algorithms treat as no time elapsed.
         let now = self.clock.now();
         let lane = &self.stripes[self.lock_index(fp)].0;
+        if op.limit.is_sliding() {
+            return Ok(self.sliding_single(op, mode, lane, fp, (offset, now)));
+        }
         let tag = hint_tag(fp, op.limit);
         let step = |s| {
             let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
             (p.next(), move || p.decision(alg, now))
         };
-        let cap = alg.capacity();
+        let cap = op.limit.shard_capacity();
         if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
             return Ok(d);
         }
@@ -561,7 +649,7 @@ impl<C: Clock> MemoryStore<C> {
             let p = algorithm::prepare(alg, Some(s), offset, now, op.cost, mode.reserve);
             (p.next(), move || p.decision(alg, now))
         };
-        let cap = alg.capacity();
+        let cap = op.limit.shard_capacity();
         let (mut guard, contended) = match lane.lock.try_lock() {
             Some(g) => (g, false),
             None => (lane.lock.lock(), true),
@@ -572,7 +660,7 @@ impl<C: Clock> MemoryStore<C> {
             return d;
         }
         let stripe = &mut *guard;
-        let t = stripe.table(op.limit, now);
+        let t = stripe.table(op.limit, now, &lane.hot);
         let table = &mut stripe.tables[t];
         // One probe serves both the read and the write.
         let probe = table.entries.find(fp);
@@ -603,12 +691,50 @@ impl<C: Clock> MemoryStore<C> {
         ev.decision
     }
 
+    /// [`MemoryStore::single`] for a sliding algorithm: always under the
+    /// stripe lock, as the lock-free slots hold two numbers.
+    #[inline(never)]
+    fn sliding_single(
+        &self,
+        op: &Op<'_>,
+        mode: Mode,
+        lane: &Lane,
+        fp: u64,
+        (offset, now): (i64, Nanos),
+    ) -> Decision {
+        let alg = op.limit.shard_algorithm();
+        let Some(kind) = Kind::of(alg) else {
+            // Only sliding algorithms come here.
+            return self.single_locked(
+                op,
+                mode,
+                lane,
+                (fp, hint_tag(fp, op.limit)),
+                (alg, offset, now),
+            );
+        };
+        let mut guard = lane.lock.lock();
+        let stripe = &mut *guard;
+        let t = stripe.table(op.limit, now, &lane.hot);
+        let delta = stripe.tables[t].restore(kind, fp, offset, now);
+        stripe.apply(delta);
+        let table = &mut stripe.tables[t];
+        let (decision, next) = table.sliding.evaluate(kind, fp, offset, now, None, op.cost);
+        if let (Some(next), true) = (next, mode.consume) {
+            let delta = table.sliding.commit(kind, fp, next, now);
+            stripe.apply(delta);
+        }
+        lane.maintain(stripe, now, self.stripe_cap);
+        decision
+    }
+
     /// Any number of operations, on sharded limits too: every lock stripe involved
     /// is locked (in a fixed order) for the whole decision.
     fn transaction(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
             op.validate(mode.reserve)?;
         }
+        same_kind_per_name(ops)?;
         // Candidate fingerprints for every op, and the lock stripes they live in.
         let cands: SmallVec<[(u64, u64); 4]> = ops
             .iter()
@@ -649,7 +775,7 @@ impl<C: Clock> MemoryStore<C> {
             }
         }
 
-        let mut pending: SmallVec<[(Slot, State); 4]> = SmallVec::new();
+        let mut pending: SmallVec<[(Slot, Write); 4]> = SmallVec::new();
         // Where each op's key lives, in case the transaction is denied and
         // must report that nothing was spent.
         let mut chosen: SmallVec<[(Slot, i64); 4]> = SmallVec::new();
@@ -659,36 +785,62 @@ impl<C: Clock> MemoryStore<C> {
             let offset = algorithm::key_offset(&alg, op.key);
             let mut slot_of = |fp: u64| {
                 let guard = locks.binary_search(&self.lock_index(fp)).unwrap_or(0);
-                let table = guards[guard].table(op.limit, now);
+                let hot = &self.stripes[locks[guard]].0.hot;
+                let table = guards[guard].table(op.limit, now, hot);
                 Slot { guard, table, fp }
             };
             let (sa, sb) = (slot_of(fa), slot_of(fb));
-            // Later ops of the same transaction see the earlier ops' effects.
-            let read = |s: Slot| {
-                pending
-                    .iter()
-                    .rev()
-                    .find(|(p, _)| *p == s)
-                    .map(|&(_, st)| st)
-                    .or_else(|| guards[s.guard].tables[s.table].get(s.fp, offset, now))
-            };
-            let (slot, state) = if sa == sb {
-                (sa, read(sa))
-            } else {
-                let (st_a, st_b) = (read(sa), read(sb));
-                let tokens = |st| algorithm::current(&alg, st, offset, now).tokens;
-                if tokens(st_b) > tokens(st_a) {
-                    (sb, st_b)
-                } else {
-                    (sa, st_a)
+            let (slot, decision, next) = match Kind::of(&alg) {
+                None => {
+                    // Later ops of the same transaction see the earlier ops' effects.
+                    let read = |s: Slot| {
+                        pending
+                            .iter()
+                            .rev()
+                            .find_map(|&(p, w)| match w {
+                                Write::Flat(st) if p == s => Some(st),
+                                _ => None,
+                            })
+                            .or_else(|| guards[s.guard].tables[s.table].get(s.fp, offset, now))
+                    };
+                    let (slot, state) = if sa == sb {
+                        (sa, read(sa))
+                    } else {
+                        let (st_a, st_b) = (read(sa), read(sb));
+                        let tokens = |st| algorithm::current(&alg, st, offset, now).tokens;
+                        if tokens(st_b) > tokens(st_a) {
+                            (sb, st_b)
+                        } else {
+                            (sa, st_a)
+                        }
+                    };
+                    let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
+                    (slot, ev.decision, ev.next.map(Write::Flat))
+                }
+                Some(kind) => {
+                    for s in [sa, sb] {
+                        let stripe = &mut *guards[s.guard];
+                        let delta = stripe.tables[s.table].restore(kind, s.fp, offset, now);
+                        stripe.apply(delta);
+                    }
+                    let states = |s: Slot| &guards[s.guard].tables[s.table].sliding;
+                    let earlier = |s: Slot| sliding_pending(&pending, s);
+                    let tokens = |s: Slot| states(s).tokens(kind, s.fp, offset, now, earlier(s));
+                    let slot = if sa != sb && tokens(sb) > tokens(sa) {
+                        sb
+                    } else {
+                        sa
+                    };
+                    let (d, next) =
+                        states(slot).evaluate(kind, slot.fp, offset, now, earlier(slot), op.cost);
+                    (slot, d, next.map(Write::Sliding))
                 }
             };
-            let ev = algorithm::evaluate(&alg, state, offset, now, op.cost, mode.reserve);
-            if let Some(next) = ev.next {
+            if let Some(next) = next {
                 pending.push((slot, next));
             }
             chosen.push((slot, offset));
-            decisions.push(ev.decision);
+            decisions.push(decision);
         }
         let mut outcome = Outcome::from_decisions(decisions);
         if !outcome.allowed {
@@ -696,16 +848,43 @@ impl<C: Clock> MemoryStore<C> {
             // had before the transaction.
             for ((d, op), &(slot, offset)) in outcome.decisions.iter_mut().zip(ops).zip(&chosen) {
                 if d.allowed {
-                    let st = guards[slot.guard].tables[slot.table].get(slot.fp, offset, now);
-                    *d = algorithm::unspent(op.limit.shard_algorithm(), st, offset, now, *d);
+                    let alg = op.limit.shard_algorithm();
+                    let table = &guards[slot.guard].tables[slot.table];
+                    *d = match Kind::of(alg) {
+                        None => {
+                            let st = table.get(slot.fp, offset, now);
+                            algorithm::unspent(alg, st, offset, now, *d)
+                        }
+                        Some(kind) => {
+                            let (idle, _) = table
+                                .sliding
+                                .evaluate(kind, slot.fp, offset, now, None, 0.0);
+                            Decision {
+                                remaining: idle.remaining,
+                                reset: idle.reset,
+                                ..*d
+                            }
+                        }
+                    };
                 }
             }
         }
         if outcome.allowed && mode.consume {
-            for (slot, st) in pending {
+            for (slot, w) in pending {
                 let stripe = &mut *guards[slot.guard];
-                let delta = stripe.tables[slot.table].put(slot.fp, st);
-                stripe.settle(slot.table, delta, now);
+                match w {
+                    Write::Flat(st) => {
+                        let delta = stripe.tables[slot.table].put(slot.fp, st);
+                        stripe.settle(slot.table, delta, now);
+                    }
+                    Write::Sliding(next) => {
+                        let Table { limit, sliding, .. } = &mut stripe.tables[slot.table];
+                        if let Some(kind) = Kind::of(limit.shard_algorithm()) {
+                            let delta = sliding.commit(kind, slot.fp, next, now);
+                            stripe.apply(delta);
+                        }
+                    }
+                }
             }
             for (g, &i) in guards.iter_mut().zip(&locks) {
                 self.stripes[i].0.maintain(g, now, self.stripe_cap);
@@ -726,7 +905,7 @@ impl<C: Clock> MemoryStore<C> {
                 let fp = self.fingerprint(key, s);
                 let lane = &self.stripes[self.lock_index(fp)].0;
                 let mut stripe = lane.lock.lock();
-                let table = stripe.table(limit, now);
+                let table = stripe.table(limit, now, &lane.hot);
                 f(lane, &mut stripe, table, fp)
             })
             .collect()
@@ -766,13 +945,66 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         let parts = self.with_key_slots(limit, key, now, |lane, stripe, t, fp| {
             lane.cool(stripe, hint_tag(fp, limit));
-            algorithm::current(&alg, stripe.tables[t].get(fp, offset, now), offset, now)
+            match Kind::of(&alg) {
+                None => {
+                    algorithm::current(&alg, stripe.tables[t].get(fp, offset, now), offset, now)
+                }
+                Some(kind) => {
+                    let delta = stripe.tables[t].restore(kind, fp, offset, now);
+                    stripe.apply(delta);
+                    stripe.tables[t].sliding.current(kind, fp, offset, now)
+                }
+            }
         });
         Value {
             tokens: parts.iter().map(|v| v.tokens).sum(),
             ts: parts.iter().map(|v| v.ts).max().unwrap_or(now),
         }
     }
+}
+
+/// What an admitted operation of a transaction writes when it commits.
+#[derive(Clone, Copy)]
+enum Write {
+    Flat(State),
+    Sliding(Next),
+}
+
+/// What the earlier operations of a transaction admitted on a sliding key:
+/// the window's latest state, or the sum of the costs to log.
+fn sliding_pending(pending: &[(Slot, Write)], slot: Slot) -> Option<Next> {
+    pending
+        .iter()
+        .filter(|(p, _)| *p == slot)
+        .fold(None, |acc, &(_, w)| match (acc, w) {
+            (Some(Next::Log(a)), Write::Sliding(Next::Log(b))) => Some(Next::Log(a + b)),
+            (_, Write::Sliding(next)) => Some(next),
+            (acc, Write::Flat(_)) => acc,
+        })
+}
+
+/// Refuses a transaction that names one limit with algorithms whose states
+/// are of different kinds (two handles of one name configured
+/// differently): they could not share a table. Only a sliding algorithm
+/// can make that matter, so a transaction without one is not looked at.
+fn same_kind_per_name(ops: &[Op<'_>]) -> Result<(), StoreError> {
+    let sliding = |op: &Op<'_>| Kind::of(op.limit.shard_algorithm()).is_some();
+    if !ops.iter().any(sliding) {
+        return Ok(());
+    }
+    for (i, a) in ops.iter().enumerate() {
+        let (alg_a, name) = (a.limit.shard_algorithm(), a.limit.name());
+        if let Some(b) = ops[i + 1..].iter().find(|b| {
+            b.limit.name() == name && !Kind::same_states(b.limit.shard_algorithm(), alg_a)
+        }) {
+            return Err(StoreError::Unavailable(format!(
+                "limit {name:?} appears in one transaction as both a {} and a {}",
+                alg_a.name(),
+                b.limit.shard_algorithm().name()
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn splitmix64(mut x: u64) -> u64 {

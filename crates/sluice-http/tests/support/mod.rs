@@ -60,6 +60,11 @@ rules:
     match: {path: /both}
     algorithm: token_bucket
     algorithm_config: {rps: 5, burst: 5}
+  - name: sliding
+    limit_keys: [ip:address]
+    match: {path: /sliding}
+    algorithm: sliding_log
+    algorithm_config: {rate: 2, period: 1m}
 "#;
 
 /// The app: `ok` to every GET that the policy lets through.

@@ -302,6 +302,8 @@ fn current_limit(rule: &Rule) -> RateLimit {
     let per_sec = match rule.limit().algorithm() {
         Algorithm::TokenBucket(tb) => tb.rate() / tb.period().as_secs_f64(),
         Algorithm::FixedWindow(fw) => fw.rate() / fw.period().as_secs_f64(),
+        Algorithm::SlidingWindow(sw) => sw.rate() / sw.period().as_secs_f64(),
+        Algorithm::SlidingLog(sl) => sl.rate() / sl.period().as_secs_f64(),
     };
     let (requests_per_unit, unit) = per_unit(per_sec);
     RateLimit {
