@@ -300,7 +300,8 @@ fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> Descript
 /// least one, so Envoy never advertises more than the rule admits.
 fn current_limit(rule: &Rule) -> RateLimit {
     let per_sec = match rule.limit().algorithm() {
-        Algorithm::TokenBucket(tb) => tb.rate() / tb.period().as_secs_f64(),
+        // Already per second, whatever period the rate was given over.
+        Algorithm::TokenBucket(tb) => tb.rate(),
         Algorithm::FixedWindow(fw) => fw.rate() / fw.period().as_secs_f64(),
         Algorithm::SlidingWindow(sw) => sw.rate() / sw.period().as_secs_f64(),
         Algorithm::SlidingLog(sl) => sl.rate() / sl.period().as_secs_f64(),
