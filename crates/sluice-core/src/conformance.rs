@@ -24,8 +24,8 @@ use std::time::Duration;
 use crate::algorithm::{State, evaluate, key_offset};
 use crate::sliding::{Log, WindowState, window_evaluate};
 use crate::{
-    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, Mode, Nanos, Op,
-    SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
+    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos,
+    Op, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -62,7 +62,10 @@ pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
     sliding_log_and_token_bucket_in_one_transaction(store, clock).await;
     sliding_refuses_reservations_and_impossible_costs(store, clock).await;
     sliding_reset_and_value(store, clock).await;
+    sliding_log_sums_what_is_left_afresh(store, clock).await;
+    sliding_same_key_twice_pays_twice(store, clock).await;
     sliding_agrees_with_the_pure_algorithm(store, clock).await;
+    transactions_agree_with_the_memory_store(store, clock).await;
 }
 
 fn tb(rate: f64, burst: f64) -> TokenBucket {
@@ -515,6 +518,53 @@ pub async fn sliding_reset_and_value<St: Store>(store: &St, clock: &FakeClock) {
     assert_eq!(store.value(&log, "k").await.unwrap().ts, clock.now());
 }
 
+/// A sliding key named twice in one transaction pays for both: the second
+/// operation sees what the first admitted, and a denied transaction
+/// reports the key as it stood.
+pub async fn sliding_same_key_twice_pays_twice<St: Store>(store: &St, clock: &FakeClock) {
+    let window = SlidingWindow::per_period(3.0, Nanos(10 * S))
+        .unwrap()
+        .with_start(aligned(clock, 10 * S));
+    let algs: [Algorithm; 2] = [
+        window.into(),
+        SlidingLog::per_period(3.0, Nanos(10 * S)).unwrap().into(),
+    ];
+    for (i, alg) in algs.into_iter().enumerate() {
+        let l = Limit::new(format!("conf-sliding-twice-{i}"), alg);
+        let ops = [Op::new(&l, "k", 2.0), Op::new(&l, "k", 2.0)];
+        let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
+        assert!(!o.allowed, "4 from a rate of 3: {o:?}");
+        assert!(o.decisions[0].allowed && !o.decisions[1].allowed, "{o:?}");
+        assert_eq!(o.decisions[0].remaining, 3, "nothing was spent: {o:?}");
+        assert_eq!(o.decisions[1].remaining, 1, "{o:?}");
+        let ops = [Op::new(&l, "k", 1.0), Op::new(&l, "k", 2.0)];
+        let o = store.transact(&ops, Mode::CONSUME).await.unwrap();
+        assert!(o.allowed, "{o:?}");
+        assert_eq!(o.decisions[1].remaining, 0, "{o:?}");
+        assert_eq!(store.value(&l, "k").await.unwrap().tokens, 0.0);
+    }
+}
+
+/// A sliding log whose costs floating point cannot sum exactly (0.1 + 0.2
+/// is 0.30000000000000004) counts what is left once an entry has left by
+/// summing the entries left, not by taking the one that left off a sum
+/// that carries rounding: the same number on every store.
+pub async fn sliding_log_sums_what_is_left_afresh<St: Store>(store: &St, clock: &FakeClock) {
+    let l = Limit::new(
+        "conf-sliding-inexact",
+        SlidingLog::per_period(1.0, Nanos(10 * S)).unwrap(),
+    );
+    assert!(one(store, &l, "k", 0.1, Mode::CONSUME).await.allowed);
+    step(clock, S);
+    assert!(one(store, &l, "k", 0.2, Mode::CONSUME).await.allowed);
+    assert_eq!(
+        store.value(&l, "k").await.unwrap().tokens,
+        1.0 - (0.1 + 0.2)
+    );
+    step(clock, 9 * S + S / 2);
+    assert_eq!(store.value(&l, "k").await.unwrap().tokens, 1.0 - 0.2);
+}
+
 /// A pseudo-random run of consumes, checks, resets and transactions on a few
 /// sliding keys decides exactly what the pure algorithms decide.
 pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeClock) {
@@ -570,6 +620,108 @@ pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock
             if both {
                 logs.entry(k).or_default().commit(&log, now, cl);
             }
+        }
+    }
+}
+
+/// A long pseudo-random run of transactions of one to three operations
+/// (the same limit twice included) over every algorithm, sharded and not,
+/// with fractional costs that floating point cannot sum exactly, a clock
+/// that now and then steps back, resets and values, decides exactly what
+/// the memory store decides on the same clock: every field of every
+/// decision, and every error.
+///
+/// The operations of a transaction share the caller's key, so a Redis
+/// Cluster keeps each transaction on one slot.
+pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clock: &FakeClock) {
+    let period = |s: f64| Nanos::from_secs_f64(s).unwrap();
+    let algs: [(Algorithm, u32); 6] = [
+        (tb(2.0, 3.0).with_max_reserved(2.0).unwrap().into(), 1),
+        (
+            FixedWindow::new(3.0, period(2.0))
+                .unwrap()
+                .with_max_reserved(1.0)
+                .unwrap()
+                .into(),
+            1,
+        ),
+        (
+            SlidingWindow::per_period(4.0, period(3.0)).unwrap().into(),
+            1,
+        ),
+        (SlidingLog::per_period(4.0, period(3.0)).unwrap().into(), 1),
+        (SlidingLog::per_period(6.0, period(2.0)).unwrap().into(), 3),
+        (
+            SlidingWindow::per_period(6.0, period(2.0))
+                .unwrap()
+                .with_start(Nanos::ZERO)
+                .into(),
+            3,
+        ),
+    ];
+    let limits: Vec<Limit> = algs
+        .iter()
+        .enumerate()
+        .map(|(i, &(a, shards))| {
+            Limit::new(format!("conf-diff-{i}"), a)
+                .with_shards(shards)
+                .unwrap()
+        })
+        .collect();
+    let memory = MemoryStore::with_clock(clock.clone());
+    let mut rng = fastrand::Rng::with_seed(23);
+    for i in 0..1500 {
+        if rng.u8(..40) == 0 {
+            // A clock that steps back, as a wall clock can.
+            clock.set(Nanos(clock.now().0 - S / 2));
+        } else {
+            step(clock, [0, 1, 1_000, S / 7, S / 3, S, 4 * S][rng.usize(..7)]);
+        }
+        let key = format!("k{}", rng.usize(..3));
+        let l = &limits[rng.usize(..limits.len())];
+        match rng.u8(..30) {
+            0 => {
+                store.reset(l, &key).await.unwrap();
+                memory.reset_now(l, &key);
+                continue;
+            }
+            1 | 2 => {
+                let got = store.value(l, &key).await.unwrap();
+                assert_eq!(
+                    got,
+                    memory.value_now(l, &key),
+                    "step {i}: value of {}",
+                    l.name()
+                );
+                continue;
+            }
+            _ => {}
+        }
+        let mode = [Mode::CONSUME, Mode::CONSUME, Mode::CHECK, Mode::RESERVE][rng.usize(..4)];
+        let ops: Vec<Op<'_>> = (0..rng.usize(1..=3))
+            .map(|_| {
+                let l = &limits[rng.usize(..limits.len())];
+                let cost = [1.0, 1.0, 0.5, 2.0, 0.1, 0.3, 0.0, 3.0][rng.usize(..8)];
+                Op::new(l, &key, cost).with_pick(rng.u64(..))
+            })
+            .collect();
+        let got = store.transact(&ops, mode).await;
+        let want = memory.transact_now(&ops, mode);
+        let what = || {
+            let names: Vec<_> = ops.iter().map(|o| (o.limit.name(), o.cost)).collect();
+            format!("step {i}: {mode:?} {names:?} on {key}")
+        };
+        match (got, want) {
+            (Ok(got), Ok(want)) => assert_eq!(got, want, "{}", what()),
+            (Err(got), Err(want)) => assert!(
+                matches!(
+                    (&got, &want),
+                    (StoreError::Cost(a), StoreError::Cost(b)) if a == b
+                ),
+                "{}: {got} against {want}",
+                what()
+            ),
+            (got, want) => panic!("{}: {got:?} against the memory store's {want:?}", what()),
         }
     }
 }

@@ -265,6 +265,84 @@ struct Entry {
     cost: f64,
 }
 
+/// What a call on a sliding log is decided from, as a store reads it:
+/// enough to decide the call without the log's entries, so that a store
+/// that keeps the log elsewhere (Redis) sends back these four numbers
+/// instead of the log, and both stores decide with [`LogReading::decide`].
+///
+/// ```
+/// use sluice_core::{Nanos, SlidingLog, sliding::LogReading};
+/// let sl = SlidingLog::per_period(3.0, Nanos(10 * Nanos::PER_SEC)).unwrap();
+/// let r = LogReading {
+///     at: Nanos(5 * Nanos::PER_SEC),
+///     used: 3.0,
+///     newest: Some(Nanos(2 * Nanos::PER_SEC)),
+///     frees_at: Nanos(2 * Nanos::PER_SEC),
+/// };
+/// let d = r.decide(&sl, 0.0, 2.0);
+/// assert_eq!((d.allowed, d.retry_after, d.reset), (false, Some(7.0), 7.0));
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct LogReading {
+    /// The time the log is read at: the call's time, or the newest entry's
+    /// if that is later (a clock that stepped back).
+    pub at: Nanos,
+    /// The costs logged within the period that ends at `at`, summed as
+    /// [`Log`] keeps them.
+    pub used: f64,
+    /// The newest entry within that period, if any.
+    pub newest: Option<Nanos>,
+    /// For a call that does not fit: the time of the entry whose leaving
+    /// lets it in (it fits a period after that). Otherwise `at`.
+    pub frees_at: Nanos,
+}
+
+impl LogReading {
+    /// Decides a call of `cost` after `pending` tokens admitted at `at` by
+    /// earlier operations of the same transaction; `frees_at` must have
+    /// been read for the same call.
+    pub fn decide(&self, sl: &SlidingLog, pending: f64, cost: f64) -> Decision {
+        let at = self.at.0;
+        let used = if pending > 0.0 {
+            self.used + pending
+        } else {
+            self.used
+        };
+        let rate = sl.rate();
+        let allowed = used + cost <= rate;
+        let after = if allowed { used + cost } else { used };
+        let newest = if pending > 0.0 || (allowed && cost > 0.0) {
+            Some(at)
+        } else {
+            self.newest.map(|t| t.0)
+        };
+        let period = sl.period().0;
+        Decision {
+            allowed,
+            limit: rate,
+            remaining: remaining(rate - after),
+            retry_after: (!allowed)
+                .then(|| secs_between(at, self.frees_at.0.saturating_add(period))),
+            reset: newest.map_or(0.0, |t| secs_between(at, t.saturating_add(period))),
+        }
+    }
+
+    /// The tokens the log leaves at `at`, and `at`: what `value` reports.
+    ///
+    /// ```
+    /// use sluice_core::{Nanos, SlidingLog, sliding::LogReading};
+    /// let sl = SlidingLog::per_period(5.0, Nanos(10)).unwrap();
+    /// let r = LogReading { at: Nanos(9), used: 2.0, newest: Some(Nanos(0)), frees_at: Nanos(9) };
+    /// assert_eq!((r.current(&sl).tokens, r.current(&sl).ts), (3.0, Nanos(9)));
+    /// ```
+    pub fn current(&self, sl: &SlidingLog) -> Value {
+        Value {
+            tokens: sl.rate() - self.used,
+            ts: self.at,
+        }
+    }
+}
+
 /// The stored state of one key under a sliding log: the admissions still
 /// in its window, oldest first, with their sum.
 ///
@@ -397,36 +475,47 @@ impl Log {
     /// assert_eq!(d.retry_after, Some(7.0));
     /// assert_eq!((d.remaining, d.reset), (0, 7.0));
     /// ```
+    #[inline]
     pub fn evaluate(&self, sl: &SlidingLog, now: Nanos, pending: f64, cost: f64) -> Decision {
-        let now = self.at(now);
-        let live = self.expired(sl, now);
-        let before = self.sum_from(live).0;
-        let used = if pending > 0.0 {
-            before + pending
+        self.read(sl, now, pending, cost).decide(sl, pending, cost)
+    }
+
+    /// What a call of `cost` at `now`, after `pending`, is decided from
+    /// (see [`LogReading`]).
+    ///
+    /// ```
+    /// use sluice_core::{Nanos, SlidingLog, sliding::Log};
+    /// let sl = SlidingLog::per_period(3.0, Nanos(10)).unwrap();
+    /// let mut log = Log::default();
+    /// log.commit(&sl, Nanos(2), 2.0);
+    /// log.commit(&sl, Nanos(4), 1.0);
+    /// let r = log.read(&sl, Nanos(5), 0.0, 2.0);
+    /// assert_eq!((r.at, r.used, r.newest), (Nanos(5), 3.0, Some(Nanos(4))));
+    /// // 2 fit once the entry of 2 tokens has left, at 2 + 10.
+    /// assert_eq!(r.frees_at, Nanos(2));
+    /// ```
+    pub fn read(&self, sl: &SlidingLog, now: Nanos, pending: f64, cost: f64) -> LogReading {
+        let at = self.at(now);
+        let live = self.expired(sl, at);
+        let used = self.sum_from(live).0;
+        let with_pending = if pending > 0.0 { used + pending } else { used };
+        let frees_at = if with_pending + cost <= sl.rate() {
+            at
         } else {
-            before
+            self.frees_at(sl, at, live, with_pending, pending, cost)
         };
-        let rate = sl.rate();
-        let allowed = used + cost <= rate;
-        let after = if allowed { used + cost } else { used };
-        let newest = if pending > 0.0 || (allowed && cost > 0.0) {
-            Some(now)
-        } else {
-            self.entries.range(live..).next_back().map(|e| e.t)
-        };
-        Decision {
-            allowed,
-            limit: rate,
-            remaining: remaining(rate - after),
-            retry_after: (!allowed).then(|| self.wait(sl, now, live, used, pending, cost)),
-            reset: newest.map_or(0.0, |t| secs_between(now, t.saturating_add(sl.period().0))),
+        LogReading {
+            at: Nanos(at),
+            used,
+            newest: self.entries.range(live..).next_back().map(|e| Nanos(e.t)),
+            frees_at: Nanos(frees_at),
         }
     }
 
-    /// The least wait after which `cost` fits, if nothing else is admitted
-    /// meanwhile: until the entry whose leaving brings the sum low enough
-    /// leaves, the entries going oldest first.
-    fn wait(
+    /// The time of the entry whose leaving lets `cost` in, if nothing else
+    /// is admitted meanwhile: the entries leave oldest first, `pending`
+    /// (logged at `now`) last.
+    fn frees_at(
         &self,
         sl: &SlidingLog,
         now: i64,
@@ -434,7 +523,7 @@ impl Log {
         used: f64,
         pending: f64,
         cost: f64,
-    ) -> f64 {
+    ) -> i64 {
         let rate = sl.rate();
         let mut left = used;
         let pending_entry = Entry {
@@ -445,15 +534,14 @@ impl Log {
             .entries
             .range(live..)
             .chain((pending > 0.0).then_some(&pending_entry));
-        let leaves = entries
+        entries
             .find(|e| {
                 left -= e.cost;
                 left + cost <= rate
             })
             // Only rounding can get past the last entry: then the log is
             // empty once the newest time has left.
-            .map_or(now, |e| e.t);
-        secs_between(now, leaves.saturating_add(sl.period().0))
+            .map_or(now, |e| e.t)
     }
 
     /// Logs an admission of `cost` tokens at `now` (at the newest entry's
@@ -531,11 +619,7 @@ impl Log {
     /// assert_eq!(log.current(&sl, Nanos(10)).tokens, 5.0);
     /// ```
     pub fn current(&self, sl: &SlidingLog, now: Nanos) -> Value {
-        let now = self.at(now);
-        Value {
-            tokens: sl.rate() - self.sum_from(self.expired(sl, now)).0,
-            ts: Nanos(now),
-        }
+        self.read(sl, now, 0.0, 0.0).current(sl)
     }
 
     /// When the log is empty: a period after its newest entry. From then

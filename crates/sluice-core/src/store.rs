@@ -6,7 +6,7 @@
 
 use std::future::Future;
 
-use crate::config::{Algorithm, Limit};
+use crate::config::Limit;
 use crate::decision::{Decision, Outcome, Value};
 
 /// Why a cost was refused before any state was touched.
@@ -252,20 +252,6 @@ pub trait Store: Send + Sync {
         limit: &Limit,
         key: &str,
     ) -> impl Future<Output = Result<Value, StoreError>> + Send;
-
-    /// Whether this store can decide limits of `algorithm`. A server
-    /// refuses a policy with a limit its store cannot decide, rather than
-    /// failing (open or closed) on every call to it.
-    ///
-    /// ```
-    /// use sluice_core::{Algorithm, MemoryStore, Nanos, SlidingLog, Store};
-    /// let log = Algorithm::from(SlidingLog::per_period(5.0, Nanos(Nanos::PER_SEC)).unwrap());
-    /// assert!(MemoryStore::new().decides(&log));
-    /// ```
-    fn decides(&self, algorithm: &Algorithm) -> bool {
-        let _ = algorithm;
-        true
-    }
 
     /// Decides a single operation.
     fn decide(

@@ -348,32 +348,6 @@ impl<S: Store> Enforcer<S> {
     }
 }
 
-/// Why `store` cannot enforce `policy`: the first rule or named limit whose
-/// algorithm it cannot decide. A server refuses such a policy where it
-/// loads it, at start or on reload, rather than let every call to that
-/// limit fail.
-///
-/// ```
-/// use sluice_core::MemoryStore;
-/// use sluice_engine::undecidable;
-/// use sluice_policy::Policy;
-/// let p = Policy::from_str("limits: {a: {algorithm: sliding_log, algorithm_config: {rate: 5, period: 1s}}}", "p").unwrap();
-/// assert_eq!(undecidable(&p, &MemoryStore::new()), None);
-/// ```
-pub fn undecidable<S: Store>(policy: &Policy, store: &S) -> Option<String> {
-    let rules = policy.rules().iter().map(|r| ("rule", r.limit()));
-    let limits = policy.limits().iter().map(|l| ("limit", l.limit()));
-    let (what, limit) = rules
-        .chain(limits)
-        .find(|(_, limit)| !store.decides(limit.algorithm()))?;
-    Some(format!(
-        "{what} `{}` is a {} limit, which this server's store cannot decide; \
-         use the in-memory store for it, or another algorithm",
-        limit.name(),
-        limit.algorithm().name()
-    ))
-}
-
 /// The rule's quota window in seconds, as the `w` of `RateLimit-Policy`.
 fn window(rule: &Rule) -> f64 {
     match rule.limit().algorithm() {

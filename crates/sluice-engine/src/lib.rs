@@ -39,6 +39,6 @@ mod store_errors;
 mod verdict;
 mod verified;
 
-pub use enforcer::{Enforcer, undecidable};
+pub use enforcer::Enforcer;
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

@@ -58,10 +58,8 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
     // Rules and named limits share one namespace: the store keys state by
     // limit name, so a rule and a limit with the same name would share buckets.
     let mut names = HashMap::new();
-    let mut limit_at = Vec::new();
     for (name, limit) in raw.limits.map(|e| e.0).unwrap_or_default() {
         claim(&mut names, &name, "limit")?;
-        limit_at.push(Pos::from(&name));
         let config = &limit.value.algorithm_config;
         let (built, capacity) = build(&name.value, limit.value.algorithm, config, &mut warnings)?;
         forbid_cost(&config.value)?;
@@ -81,11 +79,6 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
         policy.rules.push(compiled);
     }
     warn_of_ungrouped_tiers(&policy.rules, &named_at, &mut warnings);
-    if matches!(policy.store, StoreConfig::Redis { .. }) {
-        let limits = policy.limits.iter().map(|l| &l.limit).zip(limit_at);
-        let rules = policy.rules.iter().map(Rule::limit).zip(named_at);
-        warn_of_sliding_on_redis(limits.chain(rules), &mut warnings);
-    }
     warnings.sort_by_key(|w| w.pos);
     Ok((policy, warnings))
 }
@@ -229,32 +222,12 @@ fn warn_of_ungrouped_tiers(rules: &[Rule], named_at: &[Pos], warnings: &mut Vec<
             warnings.push(at(
                 *pos,
                 format!(
-                    "rule `{}` has no `match` and the same limit_keys as rule `{}` above,                      so it also limits every request that `{}` matches; if they are tiers,                      give both the same `group`, and only the first that matches applies",
+                    "rule `{}` has no `match` and the same limit_keys as rule `{}` above, \
+                     so it also limits every request that `{}` matches; if they are tiers, \
+                     give both the same `group`, and only the first that matches applies",
                     catch_all.name(),
                     tier.name(),
                     tier.name()
-                ),
-            ));
-        }
-    }
-}
-
-/// Warns of each sliding limit of a policy whose store is Redis, which does
-/// not run them yet: every call would fail as `on_store_error` says. A
-/// warning, not an error, since `--store memory` may replace the store.
-fn warn_of_sliding_on_redis<'a>(
-    limits: impl Iterator<Item = (&'a Limit, Pos)>,
-    warnings: &mut Vec<Invalid>,
-) {
-    for (limit, pos) in limits {
-        if let Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) = limit.algorithm() {
-            warnings.push(at(
-                pos,
-                format!(
-                    "`{}` is a {}, which the redis store does not support yet: each of its \
-                     calls would fail as `on_store_error` says; run it on the memory store",
-                    limit.name(),
-                    limit.algorithm().name()
                 ),
             ));
         }

@@ -618,17 +618,6 @@ fn likely_mistakes_are_warned_about_with_their_position() {
         "{}",
         w[0]
     );
-    // The redis store does not run the sliding algorithms yet.
-    let w = warnings(
-        "store: {kind: redis, url: 'redis://127.0.0.1:6379/0'}\nlimits:\n  l:\n    \
-         algorithm: sliding_window\n    algorithm_config: {rate: 5, period: 1s}\n",
-    );
-    assert_eq!(
-        w,
-        [
-            "policy.yaml:3:3: warning: `l` is a sliding_window, which the redis store does not support yet: each of its calls would fail as `on_store_error` says; run it on the memory store"
-        ]
-    );
     // The bundled example is clean.
     let example = include_str!("../../../examples/policy.yaml");
     assert_eq!(warnings(example), Vec::<String>::new());

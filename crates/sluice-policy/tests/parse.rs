@@ -428,10 +428,11 @@ fn a_catch_all_after_a_matching_rule_on_the_same_keys_warns_of_the_tier_mistake(
     assert_eq!(w.len(), 1, "{:?}", p.warnings());
     // At the catch-all's name, naming both rules.
     assert_eq!((w[0].line, w[0].column), (7, 11), "{}", w[0]);
-    assert!(
-        w[0].message.contains("`free`") && w[0].message.contains("`gold`"),
-        "{}",
-        w[0]
+    assert_eq!(
+        w[0].message,
+        "rule `free` has no `match` and the same limit_keys as rule `gold` above, so it also \
+         limits every request that `gold` matches; if they are tiers, give both the same \
+         `group`, and only the first that matches applies"
     );
 
     let p = Policy::from_str(&tiers("    group: tier\n"), "p.yaml").unwrap();

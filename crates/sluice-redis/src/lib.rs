@@ -2,8 +2,13 @@
 //! [`sluice_core::Store`], so that every server sharing one Redis shares one
 //! exact limit.
 //!
+//! Every algorithm of [`sluice_core`] runs here: token buckets, fixed
+//! windows, sliding windows and sliding logs, in one Lua script that
+//! decides a whole transaction atomically on Redis's clock.
+//!
 //! Denials that Redis's last reply already proves are answered locally, from
-//! a deny cache. A reset by any store sharing the Redis invalidates it
+//! a deny cache (token buckets only: theirs is the one state whose last
+//! reading bounds what it holds later). A reset by any store sharing the Redis invalidates it
 //! everywhere: the reset is announced on the pub/sub channel
 //! `<prefix>resets` (in one script call with the delete), every store with
 //! a deny cache listens to it, and a store that is not subscribed (starting
@@ -27,6 +32,7 @@ mod config;
 mod keys;
 mod resets;
 mod script;
+mod seen;
 mod store;
 
 pub use config::{ConfigError, RedisConfig};

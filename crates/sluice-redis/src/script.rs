@@ -18,10 +18,12 @@ use std::sync::LazyLock;
 
 use redis::{Cmd, Value};
 use sluice_core::algorithm::{self, State};
+use sluice_core::sliding::{LogReading, MAX_LOG_ENTRIES, WindowState};
 use sluice_core::{Algorithm, Limit, Mode, Nanos, Op, StoreError};
 use smallvec::SmallVec;
 
 use crate::keys;
+use crate::seen::SeenState;
 
 static SCRIPT: LazyLock<redis::Script> =
     LazyLock::new(|| redis::Script::new(include_str!("lua/transact.lua")));
@@ -61,7 +63,7 @@ pub(crate) struct TxnOp {
     /// The shard's algorithm.
     alg: Algorithm,
     cost: f64,
-    /// The window alignment of a fixed window, in units.
+    /// The window alignment of a fixed or sliding window, in units.
     origin: i64,
 }
 
@@ -121,30 +123,34 @@ impl Txn {
     ) -> Result<(), StoreError> {
         let u = self.unit.ns();
         let alg = *limit.shard_algorithm();
+        let whole = |ns: i64, what: &str| {
+            if ns % u == 0 {
+                Ok(ns / u)
+            } else {
+                Err(StoreError::Unavailable(format!(
+                    "limit {:?}: the {} algorithm's {what} must be a whole number of \
+                     microseconds on Redis time",
+                    limit.name(),
+                    alg.name()
+                )))
+            }
+        };
+        // The window's alignment: its `start`, or the key's own, rounded to
+        // the unit so that the script and the decision agree on it.
+        let aligned = |period: Nanos, start: Option<Nanos>| -> Result<i64, StoreError> {
+            whole(period.0, "period")?;
+            match start {
+                Some(start) => whole(start.0, "start"),
+                None => Ok(algorithm::key_offset(&alg, key).div_euclid(u)),
+            }
+        };
         let origin = match &alg {
             Algorithm::TokenBucket(_) => 0,
-            Algorithm::FixedWindow(fw) => {
-                let whole = |ns: i64, what: &str| {
-                    if ns % u == 0 {
-                        Ok(ns / u)
-                    } else {
-                        Err(StoreError::Unavailable(format!(
-                            "limit {:?}: the fixed window's {what} must be a whole number of \
-                             microseconds on Redis time",
-                            limit.name()
-                        )))
-                    }
-                };
-                whole(fw.period().0, "period")?;
-                match fw.start() {
-                    Some(start) => whole(start.0, "start")?,
-                    // The key's own alignment, rounded to the unit so the
-                    // script and the decision agree on it.
-                    None => algorithm::key_offset(&alg, key).div_euclid(u),
-                }
-            }
-            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
-                return Err(unsupported(limit));
+            Algorithm::FixedWindow(fw) => aligned(fw.period(), fw.start())?,
+            Algorithm::SlidingWindow(sw) => aligned(sw.period(), sw.start())?,
+            Algorithm::SlidingLog(sl) => {
+                whole(sl.period().0, "period")?;
+                0
             }
         };
         self.ops.push(TxnOp {
@@ -190,17 +196,6 @@ impl Txn {
     }
 }
 
-/// The error for a limit whose algorithm the script does not run yet: the
-/// sliding window and the sliding log live in the memory store only.
-pub(crate) fn unsupported(limit: &Limit) -> StoreError {
-    StoreError::Unavailable(format!(
-        "limit {:?} uses the {} algorithm, which the Redis store does not support yet; \
-         use the memory store for it, or a token_bucket or fixed_window",
-        limit.name(),
-        limit.algorithm().name()
-    ))
-}
-
 /// Distinct limit configurations looked for before a batch just repeats one:
 /// a batch rarely has more, and repeating is only a few bytes.
 const LIMIT_SCAN: usize = 16;
@@ -222,18 +217,21 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 mr,
             ],
         ),
+        // Periods are checked to be whole numbers of units in `Txn::push`.
         Algorithm::FixedWindow(fw) => (
             2u8,
+            [fw.rate(), (fw.period().0 / u) as f64, fw.capacity(), mr],
+        ),
+        Algorithm::SlidingWindow(sw) => (3u8, [sw.rate(), (sw.period().0 / u) as f64, 0.0, 0.0]),
+        Algorithm::SlidingLog(sl) => (
+            4u8,
             [
-                fw.rate(),
-                // Checked to be a whole number of units in `Txn::push`.
-                (fw.period().0 / u) as f64,
-                fw.capacity(),
-                mr,
+                sl.rate(),
+                (sl.period().0 / u) as f64,
+                MAX_LOG_ENTRIES as f64,
+                0.0,
             ],
         ),
-        // Never encoded: `Txn::push` refuses them.
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => (0u8, [0.0; 4]),
     };
     out.push(kind);
     for x in p {
@@ -280,9 +278,13 @@ pub(crate) fn invocation<'a>(
                     limits.len()
                 }
             };
-            // Only a sharded limit's second key and a fixed window's origin
-            // need the extra record; most ops go without.
-            let extra = b != a || matches!(op.alg, Algorithm::FixedWindow(_));
+            // Only a sharded limit's second key and a window's origin need
+            // the extra record; most ops go without.
+            let extra = b != a
+                || matches!(
+                    op.alg,
+                    Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_)
+                );
             let ctl = txn.flags
                 | (u8::from(i == 0) << 2)
                 | (u8::from(i + 1 == n) << 3)
@@ -324,8 +326,8 @@ pub(crate) fn invocation<'a>(
 pub(crate) struct Seen {
     /// Which candidate key was used: 0 or 1.
     pub(crate) pick: u8,
-    /// The state the operation saw, with its time in nanoseconds.
-    pub(crate) state: Option<State>,
+    /// What the operation saw, with times in nanoseconds.
+    pub(crate) state: SeenState,
 }
 
 /// What the script said about one transaction.
@@ -381,17 +383,49 @@ impl Replies {
         Ok(b)
     }
 
-    /// The next transaction's reply; it had `ops` operations.
-    pub(crate) fn next_txn(&mut self, ops: usize) -> Result<TxnReply, StoreError> {
+    /// The next transaction's reply: `txn`'s.
+    pub(crate) fn next_txn(&mut self, txn: &Txn) -> Result<TxnReply, StoreError> {
         let allowed = self.take(1)?[0] == 1;
-        let mut seen = SmallVec::with_capacity(ops);
-        for _ in 0..ops {
+        let unit = self.unit;
+        let mut seen = SmallVec::with_capacity(txn.ops.len());
+        for op in &txn.ops {
             let tag = self.take(1)?[0];
-            let state = if tag & 2 != 0 {
-                let unit = self.unit;
-                Some(decode_state(self.take(16)?, unit)?)
-            } else {
-                None
+            let has = tag & 2 != 0;
+            let state = match op.alg {
+                alg @ (Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_)) => {
+                    let state = if has {
+                        Some(decode_state(self.take(16)?, unit)?)
+                    } else {
+                        None
+                    };
+                    SeenState::Flat(alg, state)
+                }
+                Algorithm::SlidingWindow(sw) => {
+                    let state = if has {
+                        let [cur, ws, prev] = doubles(self.take(24)?);
+                        Some(WindowState {
+                            ws: units(ws, unit),
+                            cur,
+                            prev,
+                        })
+                    } else {
+                        None
+                    };
+                    SeenState::Window(sw, state)
+                }
+                Algorithm::SlidingLog(sl) => {
+                    if !has {
+                        return Err(malformed("a sliding log's reading is missing"));
+                    }
+                    let [at, used, newest, frees_at] = doubles(self.take(32)?);
+                    let reading = LogReading {
+                        at: units(at, unit),
+                        used,
+                        newest: (tag & 4 != 0).then(|| units(newest, unit)),
+                        frees_at: units(frees_at, unit),
+                    };
+                    SeenState::Log(sl, reading)
+                }
             };
             seen.push(Seen {
                 pick: tag & 1,
@@ -411,27 +445,44 @@ impl Replies {
     }
 }
 
-/// A stored state: two little-endian doubles, tokens and time in `unit`s.
-pub(crate) fn decode_state(bytes: &[u8], unit: TimeUnit) -> Result<State, StoreError> {
-    let (Some(t), Some(ts)) = (bytes.get(0..8), bytes.get(8..16)) else {
-        return Err(malformed("state is not 16 bytes"));
-    };
-    let double = |b: &[u8]| {
+/// `N` little-endian doubles, from exactly `8 * N` bytes.
+fn doubles<const N: usize>(bytes: &[u8]) -> [f64; N] {
+    let mut out = [0.0; N];
+    for (x, b) in out.iter_mut().zip(bytes.chunks_exact(8)) {
         let mut a = [0u8; 8];
         a.copy_from_slice(b);
-        f64::from_le_bytes(a)
-    };
-    // Whole numbers of units below 2⁵³, so the conversion is exact.
-    let ts = double(ts) as i64;
+        *x = f64::from_le_bytes(a);
+    }
+    out
+}
+
+/// A time the script sent, in `unit`s: whole numbers below 2⁵³, so the
+/// conversion is exact.
+fn units(t: f64, unit: TimeUnit) -> Nanos {
+    Nanos((t as i64).saturating_mul(unit.ns()))
+}
+
+/// A stored state: two little-endian doubles, tokens and time in `unit`s.
+pub(crate) fn decode_state(bytes: &[u8], unit: TimeUnit) -> Result<State, StoreError> {
+    if bytes.len() != 16 {
+        return Err(malformed("state is not 16 bytes"));
+    }
+    let [tokens, ts] = doubles(bytes);
     Ok(State {
-        tokens: double(t),
-        ts: Nanos(ts.saturating_mul(unit.ns())),
+        tokens,
+        ts: units(ts, unit),
     })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sluice_core::{SlidingLog, TokenBucket};
+
+    fn txn(limit: &Limit) -> Txn {
+        let op = Op::new(limit, "k", 1.0);
+        Txn::encode("p:", &[op], Mode::CONSUME, TimeUnit::ClientNanos).unwrap()
+    }
 
     #[test]
     fn states_decode_and_bad_replies_are_errors() {
@@ -442,32 +493,72 @@ mod tests {
         assert_eq!(s.ts, Nanos(7_000));
         assert!(decode_state(&b[..15], TimeUnit::ClientNanos).is_err());
 
+        let bucket = Limit::new("b", TokenBucket::new(1.0, 5.0).unwrap());
+        let one = txn(&bucket);
         // Two transactions: one allowed op that saw no state; one denied
         // op that used its second key and saw `b`.
         let mut blob = vec![1, 0, 0, 3];
         blob.extend(&b);
         let ok = Value::Array(vec![Value::Int(5), Value::BulkString(blob)]);
         let mut r = parse_reply(ok, TimeUnit::ClientNanos).unwrap();
-        let first = r.next_txn(1).unwrap();
+        let first = r.next_txn(&one).unwrap();
         assert!(first.allowed);
         assert_eq!(first.now, Nanos(5));
-        assert_eq!(first.ops[0].state, None);
+        assert_eq!(first.ops[0].state.flat(), None);
         assert!(!r.finished());
-        let second = r.next_txn(1).unwrap();
+        let second = r.next_txn(&one).unwrap();
         assert!(!second.allowed);
         assert_eq!(second.ops[0].pick, 1);
-        assert_eq!(
-            second.ops[0].state,
-            Some(State {
-                tokens: 2.5,
-                ts: Nanos(7)
-            })
-        );
+        let state = State {
+            tokens: 2.5,
+            ts: Nanos(7),
+        };
+        assert_eq!(second.ops[0].state.flat(), Some(state));
         assert!(r.finished());
-        assert!(r.next_txn(1).is_err());
+        assert!(r.next_txn(&one).is_err());
 
         assert!(parse_reply(Value::Int(3), TimeUnit::ClientNanos).is_err());
         let short = Value::Array(vec![Value::Int(5)]);
         assert!(parse_reply(short, TimeUnit::ClientNanos).is_err());
+    }
+
+    #[test]
+    fn a_sliding_log_reading_decodes_with_and_without_a_newest_entry() {
+        let sl = SlidingLog::per_period(3.0, Nanos(Nanos::PER_SEC)).unwrap();
+        let log = txn(&Limit::new("l", sl));
+        let record = |tag: u8, fields: [f64; 4]| {
+            let mut b = vec![tag];
+            for x in fields {
+                b.extend(x.to_le_bytes());
+            }
+            b
+        };
+        let mut blob = vec![1];
+        blob.extend(record(6, [9.0, 2.0, 4.0, 9.0]));
+        blob.push(1);
+        blob.extend(record(2, [9.0, 0.0, 0.0, 9.0]));
+        let reply = Value::Array(vec![Value::Int(9), Value::BulkString(blob)]);
+        let mut r = parse_reply(reply, TimeUnit::RedisMicros).unwrap();
+        let reading = |t: TxnReply| match t.ops[0].state {
+            SeenState::Log(_, r) => r,
+            other => panic!("not a log reading: {other:?}"),
+        };
+        let full = reading(r.next_txn(&log).unwrap());
+        assert_eq!(
+            full,
+            LogReading {
+                at: Nanos(9_000),
+                used: 2.0,
+                newest: Some(Nanos(4_000)),
+                frees_at: Nanos(9_000),
+            }
+        );
+        assert_eq!(reading(r.next_txn(&log).unwrap()).newest, None);
+        assert!(r.finished());
+
+        // A log op always carries its reading.
+        let bare = Value::Array(vec![Value::Int(9), Value::BulkString(vec![1, 0])]);
+        let mut r = parse_reply(bare, TimeUnit::RedisMicros).unwrap();
+        assert!(r.next_txn(&log).is_err());
     }
 }

@@ -24,6 +24,7 @@ use crate::config::{ConfigError, RedisConfig};
 use crate::keys;
 use crate::resets::{self, SyncedCache};
 use crate::script::{self, TimeUnit, Txn, TxnReply};
+use crate::seen::SeenState;
 
 /// A connection to one node (reconnecting) or to a Cluster (routing).
 #[derive(Clone)]
@@ -189,11 +190,14 @@ impl Shared {
     }
 }
 
-/// A queued transaction; the reply hands the transaction back with Redis's
-/// answer, so the caller needn't keep a copy.
+/// Where a transaction's answer goes: it hands the transaction back with
+/// Redis's answer, so the caller needn't keep a copy.
+type Reply = oneshot::Sender<Result<(Txn, TxnReply), StoreError>>;
+
+/// A queued transaction.
 struct Job {
     txn: Txn,
-    reply: oneshot::Sender<Result<(Txn, TxnReply), StoreError>>,
+    reply: Reply,
     /// When the caller's time is up. The dispatcher enforces it, with one
     /// timer per script call rather than one per decision.
     deadline: Instant,
@@ -456,7 +460,7 @@ impl RedisStore {
             if !committed && fps[..i].contains(&Some(fp)) {
                 continue;
             }
-            let mut tokens = algorithm::current(alg, seen.state, 0, reply.now).tokens;
+            let mut tokens = algorithm::current(alg, seen.state.flat(), 0, reply.now).tokens;
             if committed {
                 tokens -= op.cost;
             }
@@ -618,13 +622,17 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
         now,
         shared.min_ttl_ms(),
     );
-    let lens: SmallVec<[usize; 32]> = jobs.iter().map(|j| j.txn.len()).collect();
-    let mut jobs: Vec<Option<Job>> = jobs.into_iter().map(Some).collect();
+    // The transactions stay to read the reply by; the callers still
+    // waiting for it are those whose deadline has not passed.
+    let (txns, mut waiting): (Vec<Txn>, Vec<Option<(Reply, Instant)>>) = jobs
+        .into_iter()
+        .map(|j| (j.txn, Some((j.reply, j.deadline))))
+        .unzip();
     bump(&shared.counters.script_calls);
     let result = {
         let mut reply = std::pin::pin!(eval(&shared, &cmd));
         loop {
-            let Some(deadline) = jobs.iter().flatten().map(|j| j.deadline).min() else {
+            let Some(deadline) = waiting.iter().flatten().map(|w| w.1).min() else {
                 // Every caller has been answered: nobody waits for the reply.
                 return;
             };
@@ -633,9 +641,9 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
                 r = &mut reply => break r.map_err(|e| shared.classify(&e)),
                 () = tokio::time::sleep_until(deadline) => {
                     let now = Instant::now();
-                    for slot in &mut jobs {
-                        if let Some(job) = slot.take_if(|j| j.deadline <= now) {
-                            let _ = job.reply.send(Err(shared.timed_out()));
+                    for slot in &mut waiting {
+                        if let Some((tx, _)) = slot.take_if(|w| w.1 <= now) {
+                            let _ = tx.send(Err(shared.timed_out()));
                         }
                     }
                 }
@@ -648,9 +656,9 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
         let mut replies = script::parse_reply(v, shared.unit)?;
         // Every reply is read before any is sent, so a malformed one fails
         // the whole batch rather than answering part of it.
-        let parsed = lens
+        let parsed = txns
             .iter()
-            .map(|&n| replies.next_txn(n))
+            .map(|txn| replies.next_txn(txn))
             .collect::<Result<Vec<TxnReply>, StoreError>>()?;
         if replies.finished() {
             Ok(parsed)
@@ -662,53 +670,59 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
     });
     match replies {
         Ok(parsed) => {
-            for (job, reply) in jobs.into_iter().zip(parsed) {
-                if let Some(job) = job {
-                    let _ = job.reply.send(Ok((job.txn, reply)));
+            for ((txn, waiter), reply) in txns.into_iter().zip(waiting).zip(parsed) {
+                if let Some((tx, _)) = waiter {
+                    let _ = tx.send(Ok((txn, reply)));
                 }
             }
         }
         Err(e) => {
-            for job in jobs.into_iter().flatten() {
-                let _ = job.reply.send(Err(e.clone()));
+            for (tx, _) in waiting.into_iter().flatten() {
+                let _ = tx.send(Err(e.clone()));
             }
         }
     }
 }
 
-/// A denied transaction spent nothing: its allowing operations report their
-/// keys as they were before it. An operation saw its own transaction's
-/// earlier writes to the same key, so "before" is what the first operation
-/// on that key saw.
-fn unspend(outcome: &mut Outcome, ops: &[Op<'_>], txn: &Txn, reply: &TxnReply) {
+/// The decisions of `txn` from what the script saw, as sluice-core makes
+/// them. A denied transaction spent nothing: its allowing operations report
+/// their keys as they were before it. An operation saw its own
+/// transaction's earlier writes to the same key, so "before" is what the
+/// first operation on that key saw.
+fn decide(ops: &[Op<'_>], txn: &Txn, reply: &TxnReply, mode: Mode) -> Outcome {
     let offsets: SmallVec<[i64; 2]> = txn.offsets().collect();
-    for i in 0..outcome.decisions.len() {
-        if !outcome.decisions[i].allowed {
-            continue;
-        }
-        let key = |j: usize| txn.key(j, reply.ops[j].pick);
-        let first = (0..i).find(|&j| key(j) == key(i)).unwrap_or(i);
-        let alg = ops[i].limit.shard_algorithm();
-        outcome.decisions[i] = algorithm::unspent(
-            alg,
-            reply.ops[first].state,
-            offsets[i],
-            reply.now,
-            outcome.decisions[i],
+    let key = |j: usize| txn.key(j, reply.ops[j].pick);
+    let mut decisions: SmallVec<[Decision; 2]> = SmallVec::with_capacity(ops.len());
+    for (i, (op, seen)) in ops.iter().zip(&reply.ops).enumerate() {
+        // What the earlier operations admitted on the same sliding log, in
+        // their order, as the memory store adds it up.
+        let pending = match seen.state {
+            SeenState::Log(..) => (0..i)
+                .filter(|&j| decisions[j].allowed && key(j) == key(i))
+                .fold(0.0, |sum, j| sum + ops[j].cost),
+            SeenState::Flat(..) | SeenState::Window(..) => 0.0,
+        };
+        decisions.push(
+            seen.state
+                .decide(offsets[i], reply.now, op.cost, mode.reserve, pending),
         );
     }
+    let mut outcome = Outcome::from_decisions(decisions);
+    if !outcome.allowed {
+        for i in 0..outcome.decisions.len() {
+            if outcome.decisions[i].allowed {
+                let first = (0..i).find(|&j| key(j) == key(i)).unwrap_or(i);
+                outcome.decisions[i] =
+                    reply.ops[first]
+                        .state
+                        .unspent(offsets[i], reply.now, outcome.decisions[i]);
+            }
+        }
+    }
+    outcome
 }
 
 impl Store for RedisStore {
-    /// Token buckets and fixed windows; the sliding algorithms' script is
-    /// not written yet.
-    fn decides(&self, algorithm: &Algorithm) -> bool {
-        matches!(
-            algorithm,
-            Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_)
-        )
-    }
-
     async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         for op in ops {
             op.validate(mode.reserve)?;
@@ -729,27 +743,7 @@ impl Store for RedisStore {
         let txn = Txn::encode(shared.config.prefix(), ops, mode, shared.unit)?;
         let (txn, reply_txn) = self.remote(txn).await?;
         bump(&shared.counters.remote);
-        let decisions: SmallVec<[Decision; 2]> = ops
-            .iter()
-            .zip(&reply_txn.ops)
-            .zip(txn.offsets())
-            .map(|((op, seen), offset)| {
-                let alg = op.limit.shard_algorithm();
-                algorithm::evaluate(
-                    alg,
-                    seen.state,
-                    offset,
-                    reply_txn.now,
-                    op.cost,
-                    mode.reserve,
-                )
-                .decision
-            })
-            .collect();
-        let mut outcome = Outcome::from_decisions(decisions);
-        if !outcome.allowed {
-            unspend(&mut outcome, ops, &txn, &reply_txn);
-        }
+        let mut outcome = decide(ops, &txn, &reply_txn, mode);
         if outcome.allowed != reply_txn.allowed {
             // Redis's verdict is what was committed; report it.
             tracing::error!(
@@ -766,14 +760,6 @@ impl Store for RedisStore {
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        if matches!(
-            limit.algorithm(),
-            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_)
-        ) {
-            // A key that cannot be decided here has nothing here to reset
-            // either, and saying so is clearer than succeeding.
-            return Err(script::unsupported(limit));
-        }
         let shared = &self.shared;
         // Only shard 0 of an unsharded limit is ever cached.
         let forget = |now: Nanos| {
@@ -824,12 +810,11 @@ impl Store for RedisStore {
         let shared = &self.shared;
         let txn = Txn::value(shared.config.prefix(), limit, key, shared.unit)?;
         let (txn, reply) = self.remote(txn).await?;
-        let alg = limit.shard_algorithm();
         let parts: Vec<sluice_core::Value> = reply
             .ops
             .iter()
             .zip(txn.offsets())
-            .map(|(seen, offset)| algorithm::current(alg, seen.state, offset, reply.now))
+            .map(|(seen, offset)| seen.state.current(offset, reply.now))
             .collect();
         Ok(sluice_core::Value {
             tokens: parts.iter().map(|v| v.tokens).sum(),

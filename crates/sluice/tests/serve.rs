@@ -605,30 +605,3 @@ async fn flags_can_be_set_through_the_environment() {
     assert_eq!(body["limit"], 2);
     assert!(std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok());
 }
-
-#[test]
-fn serve_refuses_to_start_with_a_limit_its_store_cannot_decide() {
-    let (_dir, path) = policy_file(
-        "limits: {chat: {algorithm: sliding_log, algorithm_config: {rate: 5, period: 1m}}}",
-    );
-    // Nothing listens there; the store is not asked anything before the
-    // policy is refused.
-    let redis = format!("redis://127.0.0.1:{}", free_port());
-    let http = format!("127.0.0.1:{}", free_port());
-    let grpc = format!("127.0.0.1:{}", free_port());
-    let out = sluice()
-        .args(["serve", "--policy"])
-        .arg(&path)
-        .args(["--store", &redis, "--http", &http, "--grpc", &grpc])
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{stderr}");
-    assert!(
-        stderr.contains(
-            "limit `chat` is a sliding_log limit, which this server's store cannot decide"
-        ),
-        "{stderr}"
-    );
-}

@@ -3,25 +3,43 @@
 -- agree bit for bit. Each transaction is all-or-nothing on its own; they are
 -- decided in order, each seeing what the ones before it committed.
 --
--- A state is struct.pack('<dd', tokens, ts) with ts in time units of
--- ARGV[1] nanoseconds. Its TTL is the time until the bucket is full again;
--- a full bucket is deleted, since a missing key means full.
+-- Times are in units of ARGV[1] nanoseconds. A state, by its length:
+--   16 bytes, token bucket and fixed window: '<dd' tokens, ts. Its TTL is
+--     the time until the bucket is full again; a full bucket is deleted,
+--     since a missing key means full.
+--   24 bytes, sliding window: '<ddd' cur, ws, prev (sluice_core::sliding's
+--     WindowState). Deleted once it counts nothing.
+--   9 + 16n bytes, sliding log: '<dB' used, inexact (0 or 1), then n
+--     entries '<dd' t, cost, oldest first (sluice_core::sliding::Log).
+--     Deleted once empty.
+-- The TTL of a sliding state is the time until it has counted nothing. A
+-- state of another length than its limit's kind keeps (the limit changed
+-- kind) is read as no state, as the memory store forgets it.
 --
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
 -- ops, extras, where the last three are packed little-endian records:
---   limit: kind (B: 1 token bucket, 2 fixed window), p1, p2, p3, p4 (d)
---     token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
---     fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
+--   limit: kind (B), p1, p2, p3, p4 (d)
+--     1 token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
+--     2 fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
+--     3 sliding window: rate, period in units, 0, 0
+--     4 sliding log: rate, period in units, the most entries a log keeps, 0
 --   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
 --     16 the op has extras (else key b is key a and origin is 0)
 --   extra, one per op with ctl bit 16, in op order: key b (I4, the second
---     candidate key of a sharded limit), origin in units (d, fixed window)
+--     candidate key of a sharded limit), origin in units (d, fixed and
+--     sliding window)
 -- Returns {now, replies}: replies is a string holding, per transaction, one
 -- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
--- keys it used; bit 1: a state follows) and the state it saw, '<dd'.
+-- keys it used; bit 1: a state follows; bit 2: a log's newest entry is
+-- set) and what it saw:
+--   token bucket, fixed window: the state, '<dd';
+--   sliding window: the state, '<ddd';
+--   sliding log (always): '<dddd' at, used, newest, frees_at, the fields
+--     of sluice_core::sliding::LogReading, which the ops' decisions are
+--     computed from.
 --
 -- Speed matters here, since Redis runs it on its one thread. Every key is
 -- read with one MGET and every key written is written once, at the end,
@@ -70,10 +88,13 @@ do
   end
 end
 
--- Every state, read at once: tok[k] is false for a missing key, and raw[k]
--- is the value as read, while no transaction has changed it.
+-- Every state, read at once: tok[k] is false for a missing key (or one
+-- that is not a two-number state), and raw[k] is the value as read, while
+-- no transaction has changed it. A sliding state stays in blob[k] until an
+-- op on it decodes it.
 local nkeys = #keys
 local tok, tsv, wlim, raw = sized(nkeys), sized(nkeys), sized(nkeys), sized(nkeys)
+local blob = {}
 do
   local i = 1
   while i <= nkeys do
@@ -82,11 +103,12 @@ do
     local vals = call('MGET', unpack(keys, i, j))
     for k = i, j do
       local v = vals[k - i + 1]
-      if v then
+      if v and #v == 16 then
         tok[k], tsv[k] = unpack_s('<dd', v)
-        if #v == 16 then raw[k] = v end
+        raw[k] = v
       else
         tok[k] = false
+        if v then blob[k] = v end
       end
     end
     i = j + 1
@@ -170,6 +192,273 @@ local SAW = {[0] = '\2', [1] = '\3'}
 -- A lone op's verdict byte and its own byte, which follow each other.
 local YES_SAW, NO_SAW, YES_NONE, NO_NONE = '\1\2', '\0\2', '\1\0', '\0\0'
 local out, nout = {}, 0
+
+-- ---- The sliding algorithms, as sluice_core::sliding decides them ----
+
+-- a + b, and whether that is exact (the TwoSum error term is 0).
+local function add_exact(a, b)
+  local s = a + b
+  local bb = s - a
+  local err = (a - (s - bb)) + (b - bb)
+  return s, err == 0
+end
+
+-- Sliding window states: wgot[k] is nil before the key is decoded, false
+-- for no state, true for the state in wcur, wws, wprev.
+local wgot, wcur, wws, wprev = {}, {}, {}, {}
+local function window_of(k)
+  local got = wgot[k]
+  if got == nil then
+    local v = blob[k]
+    got = v ~= nil and #v == 24
+    if got then wcur[k], wws[k], wprev[k] = unpack_s('<ddd', v) end
+    wgot[k] = got
+  end
+  if got then return true, wcur[k], wws[k], wprev[k] end
+  return false
+end
+
+-- The window state at now: rolled on by whole periods, or new on the
+-- key's alignment.
+local function roll(l, has, cur, ws, prev, origin)
+  local p = p2[l]
+  if not has then return origin + idiv(now - origin, p) * p, 0, 0 end
+  local e = now - ws
+  if e < 0 then e = 0 end
+  local k = idiv(e, p)
+  if k == 0 then return ws, cur, prev end
+  if k == 1 then return ws + p, 0, cur end
+  return ws + k * p, 0, 0
+end
+
+-- The previous window's count, weighted by its share still in the period
+-- that ends at now (in nanoseconds, as sluice-core divides).
+local function weighted(l, ws, prev)
+  local p = p2[l]
+  local e = now - ws
+  if e < 0 then e = 0 end
+  if e > p then e = p end
+  return prev * ((p - e) * unit) / (p * unit)
+end
+
+local function window_commit(k, l, ws, cur, prev)
+  local n = 0
+  if cur > 0 then n = 2 elseif prev > 0 then n = 1 end
+  local got = ws + n * p2[l] > now
+  wgot[k] = got
+  if got then wcur[k], wws[k], wprev[k] = cur, ws, prev end
+  wlim[k] = l
+end
+
+-- Sliding logs: lent[k] is nil before the key is decoded, else its entries
+-- (16 bytes each), with lused[k] and linex[k] from the header.
+local lent, lused, linex = {}, {}, {}
+local function log_of(k)
+  local e = lent[k]
+  if e == nil then
+    local v = blob[k]
+    if v and #v >= 25 and (#v - 9) % 16 == 0 then
+      lused[k], linex[k] = unpack_s('<dB', v)
+      e = string.sub(v, 10)
+    else
+      e, lused[k], linex[k] = '', 0, 0
+    end
+    lent[k] = e
+  end
+  return e, lused[k], linex[k]
+end
+
+-- The time of entry i, and its cost.
+local function entry(e, i)
+  return unpack_s('<dd', e, i * 16 - 15)
+end
+
+-- The time a log is read at: never before its newest entry.
+local function log_at(e)
+  local n = #e / 16
+  if n > 0 then
+    local t = entry(e, n)
+    if t > now then return t end
+  end
+  return now
+end
+
+-- How many entries, oldest first, are at or before cutoff.
+local function expired(e, cutoff)
+  local lo, hi = 0, #e / 16
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if entry(e, mid + 1) <= cutoff then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- The sum of the costs of the entries after the first `live`, and whether
+-- it is exact: Log::sum_from.
+local function sum_from(e, used, inexact, live)
+  if live == 0 then return used, inexact == 0 end
+  local n = #e / 16
+  if inexact == 0 and live <= n - live then
+    local u, exact = used, true
+    for i = 1, live do
+      local _, c = entry(e, i)
+      local d, ok = add_exact(u, -c)
+      u, exact = d, exact and ok
+    end
+    if exact then return u, true end
+  end
+  local sum, exact = 0, true
+  for i = live + 1, n do
+    local _, c = entry(e, i)
+    local d, ok = add_exact(sum, c)
+    sum, exact = d, exact and ok
+  end
+  return sum, exact
+end
+
+-- Log::read: the reading of key k's log for a call of cost after pending,
+-- as at, used, newest (false if none), frees_at.
+local function log_read(k, l, pending, cost)
+  local e, used, inexact = log_of(k)
+  local at = log_at(e)
+  local n = #e / 16
+  local live = expired(e, at - p2[l])
+  local u = sum_from(e, used, inexact, live)
+  local with = u
+  if pending > 0 then with = u + pending end
+  local newest = false
+  if live < n then newest = entry(e, n) end
+  local frees = at
+  if not (with + cost <= p1[l]) then
+    local left, found = with, false
+    for i = live + 1, n do
+      local t, c = entry(e, i)
+      left = left - c
+      if left + cost <= p1[l] then found = t; break end
+    end
+    if not found and pending > 0 then
+      left = left - pending
+      if left + cost <= p1[l] then found = at end
+    end
+    if found then frees = found end
+  end
+  return at, u, newest, frees
+end
+
+-- Log::commit: logs cost at now (at the newest entry's time if later),
+-- after dropping the entries that have left.
+local function log_commit(k, l, cost)
+  local e, used, inexact = log_of(k)
+  local at = log_at(e)
+  local gone = expired(e, at - p2[l])
+  if gone > 0 then
+    local u, exact = sum_from(e, used, inexact, gone)
+    e, used = string.sub(e, gone * 16 + 1), u
+    if exact then inexact = 0 else inexact = 1 end
+  end
+  if cost > 0 then
+    local n = #e / 16
+    local merged, fine = false, true
+    if n > 0 then
+      local t, c = entry(e, n)
+      if t == at or n >= p3[l] then
+        local d
+        d, fine = add_exact(c, cost)
+        e = string.sub(e, 1, n * 16 - 16) .. pack_s('<dd', at, d)
+        merged = true
+      end
+    end
+    if not merged then e = e .. pack_s('<dd', at, cost) end
+    local u, ok = add_exact(used, cost)
+    used = u
+    if not (fine and ok) then inexact = 1 end
+  end
+  lent[k], lused[k], linex[k] = e, used, inexact
+  wlim[k] = l
+end
+
+-- Pending sliding writes of the transaction being decided (several ops
+-- only): window states by key (and the keys in the order first written),
+-- logged costs by key (their sum) and in op order (each one committed as
+-- it came, as the memory store commits them).
+local pwin, pworder, plog, plist, nplist
+
+-- The window state op key k sees: its transaction's pending one, or the
+-- committed one.
+local function window_seen(k)
+  if pwin and pwin[k] then
+    local w = pwin[k]
+    return true, w[2], w[1], w[3]
+  end
+  return window_of(k)
+end
+
+-- An op on a sliding limit: picks the fuller of its keys, decides, keeps
+-- or commits what it admits, and appends what it saw to the reply.
+-- Returns whether it was admitted.
+local function sliding_op(ctl, a, b, l, cost, origin, single)
+  local rate = p1[l]
+  local pick, k = 0, a
+  if kind[l] == 3 then
+    local function state(x)
+      local has, cur, ws, prev = window_seen(x)
+      local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
+      return has, cur, ws, prev, rws, rcur, rprev, rate - (weighted(l, rws, rprev) + rcur)
+    end
+    local has, cur, ws, prev, rws, rcur, rprev, tokens = state(a)
+    if b ~= a then
+      local hb, cb, wsb, pb, rwsb, rcb, rpb, tb = state(b)
+      if tb > tokens then
+        pick, k = 1, b
+        has, cur, ws, prev, rws, rcur, rprev = hb, cb, wsb, pb, rwsb, rcb, rpb
+      end
+    end
+    local allowed = weighted(l, rws, rprev) + rcur + cost <= rate
+    if allowed then
+      if single then
+        if ctl % 2 == 1 then window_commit(k, l, rws, rcur + cost, rprev) end
+      else
+        if not pwin[k] then pworder[#pworder + 1] = k end
+        pwin[k] = {rws, rcur + cost, rprev, l}
+      end
+    end
+    nout = nout + 1
+    if has then
+      out[nout] = pack_s('<Bddd', pick + 2, cur, ws, prev)
+    else
+      out[nout] = PICK[pick]
+    end
+    return allowed
+  end
+  local function pend(x) return plog and plog[x] or 0 end
+  local pa = pend(a)
+  if b ~= a then
+    local pb = pend(b)
+    local _, ua = log_read(a, l, pa, cost)
+    local _, ub = log_read(b, l, pb, cost)
+    local ta, tb = rate - ua, rate - ub
+    if plog and plog[a] then ta = ta - pa end
+    if plog and plog[b] then tb = tb - pb end
+    if tb > ta then pick, k, pa = 1, b, pb end
+  end
+  local at, used, newest, frees = log_read(k, l, pa, cost)
+  local with = used
+  if pa > 0 then with = used + pa end
+  local allowed = with + cost <= rate
+  if allowed then
+    if single then
+      if ctl % 2 == 1 then log_commit(k, l, cost) end
+    else
+      plog[k] = pa + cost
+      nplist = nplist + 1
+      plist[nplist] = {k, l, cost}
+    end
+  end
+  nout = nout + 1
+  out[nout] = pack_s('<Bdddd', pick + (newest and 6 or 2), at, used, newest or 0, frees)
+  return allowed
+end
+
 -- Per transaction: where its verdict byte is, whether it still holds, and
 -- (several ops only) its pending writes, which its own later ops see.
 local head, ok
@@ -232,53 +521,58 @@ for i = 0, nops - 1 do
       out[nout] = '\1'
       ok = true
       if last then
-        ptok = nil
+        ptok, pwin, plog = nil, nil, nil
       else
         ptok, pts, plim, porder, npend = {}, {}, {}, {}, 0
+        pwin, pworder, plog, plist, nplist = {}, {}, {}, {}, 0
       end
     end
 
-    local k, pick = a, 0
-    local st, sts, seen
-    if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
-    local avail, ts = advance(l, st, sts, origin)
-    if b ~= a then
-      local sb, sbts, seenb
-      if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
-      local availb, tsb = advance(l, sb, sbts, origin)
-      if availb > avail then
-        k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
-      end
-    end
-
-    local allowed = avail >= cost
-    if not allowed and ctl % 4 >= 2 then
-      local mr = p4[l]
-      allowed = cost - avail <= mr
-    end
-    if allowed then
-      if not ptok then
-        if ctl % 2 == 1 then commit(k, avail - cost, ts, l) end
-      else
-        if not ptok[k] then
-          npend = npend + 1
-          porder[npend] = k
+    if kind[l] >= 3 then
+      if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
+    else
+      local k, pick = a, 0
+      local st, sts, seen
+      if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
+      local avail, ts = advance(l, st, sts, origin)
+      if b ~= a then
+        local sb, sbts, seenb
+        if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
+        local availb, tsb = advance(l, sb, sbts, origin)
+        if availb > avail then
+          k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
         end
-        ptok[k], pts[k], plim[k] = avail - cost, ts, l
       end
-    else
-      ok = false
-    end
 
-    nout = nout + 1
-    if seen then
-      out[nout] = SAW[pick]
+      local allowed = avail >= cost
+      if not allowed and ctl % 4 >= 2 then
+        local mr = p4[l]
+        allowed = cost - avail <= mr
+      end
+      if allowed then
+        if not ptok then
+          if ctl % 2 == 1 then commit(k, avail - cost, ts, l) end
+        else
+          if not ptok[k] then
+            npend = npend + 1
+            porder[npend] = k
+          end
+          ptok[k], pts[k], plim[k] = avail - cost, ts, l
+        end
+      else
+        ok = false
+      end
+
       nout = nout + 1
-      out[nout] = seen
-    elseif st then
-      out[nout] = pack_s('<Bdd', pick + 2, st, sts)
-    else
-      out[nout] = PICK[pick]
+      if seen then
+        out[nout] = SAW[pick]
+        nout = nout + 1
+        out[nout] = seen
+      elseif st then
+        out[nout] = pack_s('<Bdd', pick + 2, st, sts)
+      else
+        out[nout] = PICK[pick]
+      end
     end
 
     if last then
@@ -288,6 +582,15 @@ for i = 0, nops - 1 do
         for j = 1, npend do
           local pk = porder[j]
           commit(pk, ptok[pk], pts[pk], plim[pk])
+        end
+        for j = 1, #pworder do
+          local pk = pworder[j]
+          local w = pwin[pk]
+          window_commit(pk, w[4], w[1], w[2], w[3])
+        end
+        for j = 1, nplist do
+          local c = plist[j]
+          log_commit(c[1], c[2], c[3])
         end
       end
     end
@@ -306,11 +609,41 @@ local function ttl_text(ms)
   return text
 end
 
--- The writes: each key once, with the TTL until it is full again.
+-- The PX of a state that has counted nothing from `at` (in units) on: at
+-- least a millisecond more than the time until then (rounded up).
+local function px(at)
+  local x = (at - now) * unit / 1000000
+  local ms = x - x % 1 + 2
+  if ms < min_ttl then ms = min_ttl end
+  return ttl_texts[ms] or ttl_text(ms)
+end
+
+-- The writes: each key once, with the TTL until it is full (or has counted
+-- nothing) again.
 local dels, ndels = {}, 0
 for k = 1, nkeys do
   local l = wlim[k]
-  if l then
+  local sliding = l and kind[l] >= 3
+  if sliding then
+    local value, empty_at
+    if kind[l] == 3 then
+      if wgot[k] then
+        local n = 0
+        if wcur[k] > 0 then n = 2 elseif wprev[k] > 0 then n = 1 end
+        value = pack_s('<ddd', wcur[k], wws[k], wprev[k])
+        empty_at = wws[k] + n * p2[l]
+      end
+    elseif #lent[k] > 0 then
+      value = pack_s('<dB', lused[k], linex[k]) .. lent[k]
+      empty_at = entry(lent[k], #lent[k] / 16) + p2[l]
+    end
+    if value then
+      call('SET', keys[k], value, 'PX', px(empty_at))
+    else
+      ndels = ndels + 1
+      dels[ndels] = keys[k]
+    end
+  elseif l then
     local t = tok[k]
     if t then
       local ts = tsv[k]
@@ -332,11 +665,11 @@ for k = 1, nkeys do
     else
       ndels = ndels + 1
       dels[ndels] = keys[k]
-      if ndels == CHUNK then
-        call('DEL', unpack(dels, 1, ndels))
-        ndels = 0
-      end
     end
+  end
+  if ndels == CHUNK then
+    call('DEL', unpack(dels, 1, ndels))
+    ndels = 0
   end
 end
 if ndels > 0 then call('DEL', unpack(dels, 1, ndels)) end

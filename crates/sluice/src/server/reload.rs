@@ -51,13 +51,6 @@ impl Loaded {
     ) -> anyhow::Result<(Enforcer<AnyStore>, Reloads)> {
         let Loaded { policy, file } = self;
         let opened = AnyStore::open(store.choice.as_deref(), policy.store())?;
-        if let Some(why) = sluice_engine::undecidable(&policy, &opened) {
-            anyhow::bail!(
-                "{}: {why}",
-                file.as_ref()
-                    .map_or("the policy".into(), |(p, _)| p.display().to_string())
-            );
-        }
         // What a reloaded policy's `store` is compared with.
         let running = store.choice.is_none().then(|| policy.store().clone());
         Ok((Enforcer::new(policy, opened), Reloads { file, running }))
@@ -191,14 +184,6 @@ impl Change<'_> {
                         .into(),
                 });
             }
-            if let Some(why) = sluice_engine::undecidable(&policy, enforcer.store()) {
-                return Err(PolicyError {
-                    file: path.to_owned(),
-                    line: 0,
-                    column: 0,
-                    message: why,
-                });
-            }
             Ok(policy)
         });
         match compiled {
@@ -228,54 +213,5 @@ impl Change<'_> {
                 error.store(Some(Arc::new(e.to_string())));
             }
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    #![allow(clippy::unwrap_used)]
-
-    use sluice_core::{Algorithm, Limit, MemoryStore, Mode, Op, Outcome, Store, StoreError, Value};
-
-    use super::*;
-
-    /// The in-memory store, claiming to decide token buckets only, as a
-    /// store without the sliding algorithms does.
-    struct BucketsOnly(MemoryStore);
-
-    impl Store for BucketsOnly {
-        fn decides(&self, algorithm: &Algorithm) -> bool {
-            matches!(algorithm, Algorithm::TokenBucket(_))
-        }
-        async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
-            self.0.transact(ops, mode).await
-        }
-        async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-            self.0.reset(limit, key).await
-        }
-        async fn value(&self, limit: &Limit, key: &str) -> Result<Value, StoreError> {
-            self.0.value(limit, key).await
-        }
-    }
-
-    #[test]
-    fn a_reload_to_a_limit_the_store_cannot_decide_is_refused_and_the_old_policy_serves() {
-        let bucket = "limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}";
-        let enforcer = Enforcer::new(
-            Policy::from_str(bucket, "p.yaml").unwrap(),
-            BucketsOnly(MemoryStore::new()),
-        );
-        let error = ArcSwapOption::empty();
-        let log = "limits: {b: {algorithm: sliding_log, algorithm_config: {rate: 5, period: 1s}}}";
-        let change = Change {
-            path: Path::new("p.yaml"),
-            text: Ok(log),
-            running: None,
-        };
-        change.apply(&enforcer, &error);
-        let why = error.load_full().unwrap();
-        assert!(why.contains("limit `b` is a sliding_log limit"), "{why}");
-        assert!(enforcer.policy().named_limit("a").is_some());
-        assert!(enforcer.policy().named_limit("b").is_none());
     }
 }

@@ -1,7 +1,7 @@
 //! The store a server runs on, chosen at start-up: in memory or Redis.
 
 use sluice_core::{
-    Algorithm, Clock, Limit, MemoryStore, Mode, Op, Outcome, Store, StoreError, SystemClock, Value,
+    Clock, Limit, MemoryStore, Mode, Op, Outcome, Store, StoreError, SystemClock, Value,
 };
 use sluice_policy::StoreConfig;
 use sluice_redis::{RedisConfig, RedisStore};
@@ -65,13 +65,6 @@ impl<C: Clock> AnyStore<C> {
 }
 
 impl<C: Clock + Send + Sync> Store for AnyStore<C> {
-    fn decides(&self, algorithm: &Algorithm) -> bool {
-        match self {
-            AnyStore::Memory(m) => m.decides(algorithm),
-            AnyStore::Redis(r) => r.decides(algorithm),
-        }
-    }
-
     async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         match self {
             AnyStore::Memory(m) => m.transact_now(ops, mode),
