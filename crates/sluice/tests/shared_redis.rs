@@ -1,0 +1,152 @@
+//! Several real `sluice serve` processes sharing one real redis-server, as a
+//! platform team runs them, hammered over HTTP on one shared key.
+
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
+mod support;
+
+#[path = "../../sluice-redis/tests/support/mod.rs"]
+mod redis;
+
+use std::time::{Duration, Instant};
+
+use support::serve::spawn_serve;
+use support::{Process, policy_file};
+
+/// One request as its client saw it: when it was sent, when the answer
+/// came, and whether it was admitted. Redis decided it somewhere between
+/// the two times.
+#[derive(Clone, Copy)]
+struct Seen {
+    sent: Instant,
+    answered: Instant,
+    allowed: bool,
+}
+
+/// The most admissions the calls in `seen` prove happened within one
+/// `period`: those sent at or after some admission's sending and answered
+/// before a period after it. Every admission of such a group was decided
+/// inside one span shorter than `period`, so a limit of `rate` per period
+/// must have admitted at most `rate` of them, whatever the latencies.
+fn most_in_one_period(seen: &[Seen], period: Duration) -> usize {
+    let mut admitted: Vec<&Seen> = seen.iter().filter(|s| s.allowed).collect();
+    admitted.sort_by_key(|s| s.sent);
+    admitted
+        .iter()
+        .enumerate()
+        .map(|(i, first)| {
+            admitted[i..]
+                .iter()
+                .take_while(|s| s.sent < first.sent + period)
+                .filter(|s| s.answered < first.sent + period)
+                .count()
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+#[test]
+fn a_group_proven_within_one_period_is_counted_and_one_that_is_not_is_left_out() {
+    let t0 = Instant::now();
+    let at = |sent: u64, answered: u64| Seen {
+        sent: t0 + Duration::from_millis(sent),
+        answered: t0 + Duration::from_millis(answered),
+        allowed: true,
+    };
+    let period = Duration::from_millis(100);
+    // The third was answered a period after the first was sent: it may have
+    // been decided after the first left the window.
+    let seen = [at(0, 10), at(20, 30), at(90, 100), at(95, 99)];
+    assert_eq!(most_in_one_period(&seen, period), 3);
+    let denied = Seen {
+        allowed: false,
+        ..at(1, 2)
+    };
+    assert_eq!(most_in_one_period(&[denied], period), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_servers_sharing_one_redis_admit_a_sliding_logs_rate_and_never_more_in_any_period() {
+    const RATE: usize = 100;
+    const PERIOD: Duration = Duration::from_secs(1);
+    // Whole periods counted from the first admission, and the time after
+    // them that keeps the last one saturated.
+    const PERIODS: u32 = 3;
+    const CLIENTS_PER_SERVER: usize = 3;
+
+    let redis = redis::RedisServer::start();
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: redis, url: \"{}\", timeout_ms: 2000}}\n\
+         limits:\n  chat:\n    algorithm: sliding_log\n    \
+         algorithm_config: {{rate: {RATE}, period: 1s}}\n",
+        redis.url()
+    ));
+    let mut servers: Vec<(Process, String)> = Vec::new();
+    for _ in 0..4 {
+        let (process, base, _grpc) = spawn_serve(&path).await;
+        servers.push((process, base));
+    }
+
+    let client = reqwest::Client::new();
+    let until = Instant::now() + PERIOD * PERIODS + PERIOD / 2;
+    let callers: Vec<_> = servers
+        .iter()
+        .flat_map(|(_, base)| std::iter::repeat_n(base.clone(), CLIENTS_PER_SERVER))
+        .map(|base| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let mut seen = Vec::new();
+                while Instant::now() < until {
+                    let sent = Instant::now();
+                    let res = client
+                        .post(format!("{base}/v1/limit"))
+                        .body(r#"{"limit": "chat", "key": "room"}"#)
+                        .send()
+                        .await
+                        .unwrap();
+                    let status = res.status().as_u16();
+                    assert!(status == 200 || status == 429, "{status}");
+                    seen.push(Seen {
+                        sent,
+                        answered: Instant::now(),
+                        allowed: status == 200,
+                    });
+                }
+                seen
+            })
+        })
+        .collect();
+    let mut seen = Vec::new();
+    for caller in callers {
+        seen.extend(caller.await.unwrap());
+    }
+
+    let most = most_in_one_period(&seen, PERIOD);
+    assert!(most <= RATE, "{most} admissions within one period");
+    // Saturated, a log admits the rate again as each admission leaves:
+    // within the whole periods after the first admission, all but what
+    // the time between a slot freeing and the next call costs.
+    let first = seen
+        .iter()
+        .filter(|s| s.allowed)
+        .map(|s| s.sent)
+        .min()
+        .unwrap();
+    let end = first + PERIOD * PERIODS;
+    let admitted = seen
+        .iter()
+        .filter(|s| s.allowed && s.answered < end)
+        .count();
+    let exact = RATE * PERIODS as usize;
+    eprintln!(
+        "{} calls; {admitted} admitted in the {PERIODS} periods after the first admission, \
+         of {exact}; at most {most} proven within one period",
+        seen.len()
+    );
+    assert!(
+        admitted * 100 >= exact * 98,
+        "{admitted} admitted in {PERIODS} periods of {RATE}, of {} calls",
+        seen.len()
+    );
+    assert!(admitted <= exact, "{admitted} admitted in {PERIODS} periods");
+}
