@@ -148,5 +148,8 @@ async fn four_servers_sharing_one_redis_admit_a_sliding_logs_rate_and_never_more
         "{admitted} admitted in {PERIODS} periods of {RATE}, of {} calls",
         seen.len()
     );
-    assert!(admitted <= exact, "{admitted} admitted in {PERIODS} periods");
+    assert!(
+        admitted <= exact,
+        "{admitted} admitted in {PERIODS} periods"
+    );
 }
