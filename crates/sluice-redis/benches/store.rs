@@ -11,7 +11,10 @@
 //!   shared multiplexed connection that every task clones, so concurrent
 //!   calls are pipelined on it;
 //! - `sluice`: [`RedisStore`] with its defaults (batching and the deny cache
-//!   on), `store.decide(Op::new(&limit, &key, 1.0), Mode::CONSUME)`.
+//!   on), `store.decide(Op::new(&limit, &key, 1.0), Mode::CONSUME)`;
+//! - `window` and `log`: the same store and calls with a sliding window and
+//!   a sliding log of the same rate per second in place of the token bucket
+//!   (no deny cache serves them, so every call goes to Redis).
 //!
 //! Scenarios, each with 64 concurrent tasks on a 2-worker Tokio runtime:
 //!
@@ -30,8 +33,9 @@
 //! allowed share, errors, and CPU time per decision over the window: of
 //! redis-server (`INFO cpu`), of redis-server inside scripts, nested commands
 //! included (`INFO commandstats`), and of this process (Linux
-//! `/proc/self/task/*/schedstat`). Then come the ratios sluice/naive and the
-//! store's counters over the median round.
+//! `/proc/self/task/*/schedstat`). Then come the ratios sluice/naive, each
+//! sliding algorithm's throughput and script time per decision against the
+//! token bucket's, and the store's counters over the median round.
 //!
 //! Run it with `cargo bench -p sluice-redis --bench store`;
 //! `SLUICE_BENCH_ONLY=mixed` (or `mixed/sluice`) runs one scenario (or one
@@ -49,7 +53,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use redis::aio::MultiplexedConnection;
-use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
+use sluice_core::{Limit, Mode, Nanos, Op, SlidingLog, SlidingWindow, Store, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 
 /// Concurrent callers per scenario and side.
@@ -98,10 +102,13 @@ redis.call('EXPIRE', KEYS[1], ttl)
 return {allowed, math.floor(tokens)}
 ";
 
-/// One limit as both sides see it.
+/// One limit as every side sees it.
 struct Bucket {
     /// Sluice's limit.
     limit: Limit,
+    /// The sliding window and the sliding log of the same rate.
+    window: Limit,
+    log: Limit,
     /// Tokens per second, for the naive script.
     rate: f64,
     /// Capacity, for the naive script.
@@ -112,8 +119,11 @@ struct Bucket {
 
 impl Bucket {
     fn new(name: &str, rate: f64, burst: f64) -> Bucket {
+        let second = Nanos(Nanos::PER_SEC);
         Bucket {
             limit: Limit::new(name, TokenBucket::new(rate, burst).unwrap()),
+            window: Limit::new(name, SlidingWindow::per_period(rate, second).unwrap()),
+            log: Limit::new(name, SlidingLog::per_period(rate, second).unwrap()),
             rate,
             burst,
             ttl_secs: (burst / rate).ceil() as u64 + 1,
@@ -161,18 +171,33 @@ impl Workload {
     }
 }
 
-/// The two contestants.
+/// The contestants: the naive script, and sluice with each algorithm.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Side {
     Naive,
     Sluice,
+    Window,
+    Log,
 }
 
 impl Side {
+    const ALL: [Side; 4] = [Side::Naive, Side::Sluice, Side::Window, Side::Log];
+
     fn name(self) -> &'static str {
         match self {
             Side::Naive => "naive",
             Side::Sluice => "sluice",
+            Side::Window => "window",
+            Side::Log => "log",
+        }
+    }
+
+    /// The limit this side decides `bucket`'s calls under.
+    fn limit(self, bucket: &Bucket) -> &Limit {
+        match self {
+            Side::Naive | Side::Sluice => &bucket.limit,
+            Side::Window => &bucket.window,
+            Side::Log => &bucket.log,
         }
     }
 }
@@ -184,7 +209,7 @@ enum Caller {
         conn: MultiplexedConnection,
         script: Arc<redis::Script>,
     },
-    Sluice(Arc<RedisStore>),
+    Sluice(Arc<RedisStore>, Side),
 }
 
 impl Caller {
@@ -206,8 +231,8 @@ impl Caller {
                     .await;
                 reply.ok().map(|(allowed, _remaining)| allowed == 1)
             }
-            Caller::Sluice(store) => store
-                .decide(Op::new(&bucket.limit, key, 1.0), Mode::CONSUME)
+            Caller::Sluice(store, side) => store
+                .decide(Op::new(side.limit(bucket), key, 1.0), Mode::CONSUME)
                 .await
                 .ok()
                 .map(|d| d.allowed),
@@ -376,7 +401,7 @@ async fn run(
             script.prepare_invoke().load_async(&mut c).await.unwrap();
             (Caller::Naive { conn, script }, None)
         }
-        Side::Sluice => {
+        Side::Sluice | Side::Window | Side::Log => {
             let config = RedisConfig::from_url(&server.url()).unwrap();
             let store = Arc::new(RedisStore::new(config).unwrap());
             // Connect (and load the script) before timing anything.
@@ -385,7 +410,7 @@ async fn run(
                 .decide(Op::new(&probe, "probe", 1.0), Mode::CONSUME)
                 .await
                 .unwrap();
-            (Caller::Sluice(store.clone()), Some(store))
+            (Caller::Sluice(store.clone(), side), Some(store))
         }
     };
 
@@ -571,6 +596,7 @@ fn main() {
     );
 
     let mut summary = Vec::new();
+    let mut sliding = Vec::new();
     for work in [
         Workload::new("mixed", 0.0, 3.0),
         Workload::new("abuse", HOT_SHARE, 10.0),
@@ -579,9 +605,9 @@ fn main() {
         // Sides alternate, round by round, and each side's median round is
         // compared: this machine's speed drifts, and a slow patch should hit
         // both sides alike rather than whichever ran in it.
-        let mut rows: [Vec<Row>; 2] = [Vec::new(), Vec::new()];
+        let mut rows: [Vec<Row>; 4] = Default::default();
         for _ in 0..rounds {
-            for (i, side) in [Side::Naive, Side::Sluice].into_iter().enumerate() {
+            for (i, side) in Side::ALL.into_iter().enumerate() {
                 if only.runs(work.name, side) {
                     let row = runtime.block_on(run(&server, &work, side, measure));
                     print_row(&row);
@@ -589,10 +615,11 @@ fn main() {
                 }
             }
         }
-        let [naive, sluice] = rows.map(median);
+        let [naive, sluice, window, log] = rows.map(median);
         if let (Some(naive), Some(sluice)) = (naive, sluice) {
             summary.push((naive, sluice));
         }
+        sliding.push((window, log));
     }
 
     println!();
@@ -601,6 +628,9 @@ fn main() {
         for (naive, sluice) in &summary {
             print_row(naive);
             print_row(sluice);
+        }
+        for row in sliding.iter().flat_map(|(w, l)| [w, l]).flatten() {
+            print_row(row);
         }
         println!();
     }
@@ -622,6 +652,22 @@ fn main() {
                 "  warning: the allowed shares differ by {gap:.1} points ({:.1}% vs {:.1}%)",
                 naive.allowed_pct(),
                 sluice.allowed_pct()
+            );
+        }
+    }
+    // The sliding algorithms against the token bucket, on the same store.
+    for ((_, bucket), (window, log)) in summary.iter().zip(&sliding) {
+        for row in [window, log].into_iter().flatten() {
+            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+                _ => "-".to_owned(),
+            };
+            println!(
+                "{}: {} against the token bucket: decisions/s {}, lua µs/d {}",
+                row.scenario,
+                row.side.name(),
+                ratio(Some(row.per_sec), Some(bucket.per_sec)),
+                ratio(row.script_us, bucket.script_us),
             );
         }
     }

@@ -51,6 +51,17 @@ rules:
     mode: shadow
     algorithm: token_bucket
     algorithm_config: {rps: 1, burst: 1}
+  - name: room-log
+    domain: chat
+    limit_keys: ["descriptor:room"]
+    algorithm: sliding_log
+    algorithm_config: {rate: 3, period: 1m}
+  - name: room-posts
+    domain: chat
+    limit_keys: ["descriptor:room"]
+    match: {"descriptor:kind": "post"}
+    algorithm: sliding_window
+    algorithm_config: {rate: 2, period: 1m, start: 0}
   # An HTTP rule (no domain) never answers Envoy.
   - name: http-only
     limit_keys: []
@@ -346,4 +357,58 @@ async fn requests_without_a_domain_or_descriptors_are_invalid() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
+}
+
+#[tokio::test]
+async fn sliding_rules_answer_envoy_with_their_window_and_decide_as_one_transaction() {
+    let mut c = client().await;
+    let call = |kind: &str| {
+        request(
+            "chat",
+            vec![descriptor(&[("room", "r1"), ("kind", kind)])],
+            0,
+        )
+    };
+    // Two posts: both rules admit; the window's two are spent.
+    for left in [1, 0] {
+        let r = ask(&mut c, call("post")).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let s = &r.statuses[0];
+        assert_eq!(s.limit_remaining, left);
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(limit.name, "room-posts", "the tighter rule decides");
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (2, Unit::Minute as i32)
+        );
+        assert!(
+            header(&r, "ratelimit-policy")
+                .unwrap()
+                .contains("\"room-log\";q=3;w=60"),
+            "{:?}",
+            r.response_headers_to_add
+        );
+    }
+    // A third post is over the window's rate, so the log spends nothing.
+    let r = ask(&mut c, call("post")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "room-posts"
+    );
+    let retry: u64 = header(&r, "retry-after").unwrap().parse().unwrap();
+    // The two posts weigh in until half the next window has passed: then
+    // 2 × (60 − 30) / 60 + 1 ≤ 2, 90 s from now; plus at most 50% jitter.
+    assert!((90..=135).contains(&retry), "retry-after {retry}");
+    // The log still has the one left, which a read takes; then it is over,
+    // until the first call leaves its window a minute after it was logged.
+    let r = ask(&mut c, call("read")).await;
+    assert_eq!(r.overall_code, Code::Ok as i32);
+    let s = &r.statuses[0];
+    assert_eq!(s.limit_remaining, 0);
+    assert_eq!(s.current_limit.as_ref().unwrap().name, "room-log");
+    assert_eq!(s.duration_until_reset.unwrap().seconds, 60);
+    let r = ask(&mut c, call("read")).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    assert_eq!(header(&r, "ratelimit"), Some("\"room-log\";r=0;t=60"));
 }

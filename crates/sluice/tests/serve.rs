@@ -55,6 +55,34 @@ async fn named_limits_consume_check_reserve_reset_and_read() {
 }
 
 #[tokio::test]
+async fn a_sliding_log_limit_counts_every_call_in_its_window_and_refuses_reservations() {
+    let s = state_of(
+        "limits: {chat: {algorithm: sliding_log, algorithm_config: {rate: 3, period: 1m}}}",
+        None,
+    );
+    let body = |count: f64, reserve: bool| {
+        serde_json::json!({"limit": "chat", "key": "room", "count": count, "reserve": reserve})
+            .to_string()
+    };
+    let (st, _, j) = call(&s, "POST", "/v1/limit", body(2.0, false), None).await;
+    assert_eq!(
+        (st, &j["remaining"], &j["reset"]),
+        (200, &1.into(), &60.0.into())
+    );
+    let (st, _, j) = call(&s, "POST", "/v1/limit", body(2.0, false), None).await;
+    // Denied until the two logged calls leave the window, a minute on.
+    assert_eq!(
+        (st, &j["allowed"], &j["retry_after"]),
+        (429, &false.into(), &60.0.into())
+    );
+    let (st, ctype, j) = call(&s, "POST", "/v1/limit", body(1.0, true), None).await;
+    assert_eq!((st, ctype.as_str()), (422, "application/problem+json"));
+    assert!(j["detail"].as_str().unwrap().contains("reserv"), "{j}");
+    let (st, _, j) = get(&s, "/v1/value?limit=chat&key=room").await;
+    assert_eq!((st, &j["tokens"]), (200, &1.0.into()));
+}
+
+#[tokio::test]
 async fn reset_without_the_admin_token_is_refused_and_changes_nothing_and_the_scheme_is_any_case() {
     let s = state(Some("s3cret"));
     let spend = serde_json::json!({"limit": "sendMessage", "key": "u1", "count": 2}).to_string();
