@@ -37,6 +37,11 @@
 //! sliding algorithm's throughput and script time per decision against the
 //! token bucket's, and the store's counters over the median round.
 //!
+//! With `SLUICE_BENCH_HOLD` set, it keeps redis-server up after the report
+//! until its standard input closes, for a profiler attached to the server;
+//! `SLUICE_BENCH_TIMEOUT_MS` gives the store a longer deadline than its 50 ms
+//! for a server slowed by one.
+//!
 //! Run it with `cargo bench -p sluice-redis --bench store`;
 //! `SLUICE_BENCH_ONLY=mixed` (or `mixed/sluice`) runs one scenario (or one
 //! side of it). Without `--bench` on its command line (as under `cargo test
@@ -49,6 +54,7 @@
 #[path = "../tests/support/mod.rs"]
 mod support;
 
+use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -315,6 +321,10 @@ struct Row {
     client_us: Option<f64>,
     /// The store's counters over the measured window (sluice only).
     stats: Option<RedisStats>,
+    /// The decisions the store sent to Redis over the whole run, warm-up
+    /// included (sluice only): what `scripts/redis-instructions` divides
+    /// redis-server's instructions by.
+    remote_all: Option<u64>,
 }
 
 /// redis-server's CPU time so far (user + system, all threads), from `INFO`.
@@ -402,7 +412,15 @@ async fn run(
             (Caller::Naive { conn, script }, None)
         }
         Side::Sluice | Side::Window | Side::Log => {
-            let config = RedisConfig::from_url(&server.url()).unwrap();
+            let mut config = RedisConfig::from_url(&server.url()).unwrap();
+            if let Some(ms) = std::env::var("SLUICE_BENCH_TIMEOUT_MS")
+                .ok()
+                .and_then(|ms| ms.parse().ok())
+            {
+                // A redis-server under a profiler answers far slower than the
+                // store's default deadline allows.
+                config = config.with_timeout(Duration::from_millis(ms));
+            }
             let store = Arc::new(RedisStore::new(config).unwrap());
             // Connect (and load the script) before timing anything.
             let probe = Limit::new("probe", TokenBucket::new(1.0, 1.0).unwrap());
@@ -458,6 +476,7 @@ async fn run(
         script_us: cpu_per_decision(script_from, script_to, calls),
         client_us: cpu_per_decision(client_from, client_to, calls),
         stats: stats_from.zip(stats_to).map(|(a, b)| stats_delta(a, b)),
+        remote_all: stats_to.map(|s| s.remote),
     }
 }
 
@@ -595,8 +614,8 @@ fn main() {
         "cli µs/d",
     );
 
-    let mut summary = Vec::new();
-    let mut sliding = Vec::new();
+    // Per scenario, each side's median round: naive, sluice, window, log.
+    let mut medians: Vec<[Option<Row>; 4]> = Vec::new();
     for work in [
         Workload::new("mixed", 0.0, 3.0),
         Workload::new("abuse", HOT_SHARE, 10.0),
@@ -615,26 +634,21 @@ fn main() {
                 }
             }
         }
-        let [naive, sluice, window, log] = rows.map(median);
-        if let (Some(naive), Some(sluice)) = (naive, sluice) {
-            summary.push((naive, sluice));
-        }
-        sliding.push((window, log));
+        medians.push(rows.map(median));
     }
 
     println!();
     if rounds > 1 {
         println!("medians of {rounds} rounds:");
-        for (naive, sluice) in &summary {
-            print_row(naive);
-            print_row(sluice);
-        }
-        for row in sliding.iter().flat_map(|(w, l)| [w, l]).flatten() {
+        for row in medians.iter().flatten().flatten() {
             print_row(row);
         }
         println!();
     }
-    for (naive, sluice) in &summary {
+    for [naive, sluice, ..] in &medians {
+        let (Some(naive), Some(sluice)) = (naive, sluice) else {
+            continue;
+        };
         let ratio = if naive.per_sec > 0.0 {
             sluice.per_sec / naive.per_sec
         } else {
@@ -656,12 +670,13 @@ fn main() {
         }
     }
     // The sliding algorithms against the token bucket, on the same store.
-    for ((_, bucket), (window, log)) in summary.iter().zip(&sliding) {
+    let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+        (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
+        _ => "-".to_owned(),
+    };
+    for [_, bucket, window, log] in &medians {
+        let Some(bucket) = bucket else { continue };
         for row in [window, log].into_iter().flatten() {
-            let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
-                (Some(a), Some(b)) if b > 0.0 => format!("{:.2}×", a / b),
-                _ => "-".to_owned(),
-            };
             println!(
                 "{}: {} against the token bucket: decisions/s {}, lua µs/d {}",
                 row.scenario,
@@ -672,17 +687,37 @@ fn main() {
         }
     }
     println!();
-    for (_, sluice) in &summary {
-        let Some(s) = sluice.stats else { continue };
+    for row in medians.iter().flat_map(|m| &m[1..]).flatten() {
+        let (Some(s), Some(all)) = (row.stats, row.remote_all) else {
+            continue;
+        };
         let per_call = if s.script_calls == 0 {
             0.0
         } else {
             s.remote as f64 / s.script_calls as f64
         };
         println!(
-            "{} sluice stats (measured window): local_denials={} remote={} script_calls={} \
-             ({per_call:.1} decisions per script call) errors={} timeouts={}",
-            sluice.scenario, s.local_denials, s.remote, s.script_calls, s.errors, s.timeouts,
+            "{}/{} stats (measured window): local_denials={} remote={} script_calls={} \
+             ({per_call:.1} decisions per script call) errors={} timeouts={}; \
+             remote_all={all}",
+            row.scenario,
+            row.side.name(),
+            s.local_denials,
+            s.remote,
+            s.script_calls,
+            s.errors,
+            s.timeouts,
         );
+    }
+    if std::env::var_os("SLUICE_BENCH_HOLD").is_some() {
+        // For a profiler attached to redis-server: it outlives the run until
+        // whoever reads this line has taken what it needs (see
+        // scripts/redis-instructions).
+        println!(
+            "hold: redis-server on port {} stays up until standard input closes",
+            server.port()
+        );
+        std::io::stdout().flush().unwrap();
+        std::io::copy(&mut std::io::stdin(), &mut std::io::sink()).unwrap();
     }
 }
