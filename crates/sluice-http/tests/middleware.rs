@@ -310,3 +310,26 @@ async fn jwt_match_conditions_hold_only_for_verified_claims() {
     .await;
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
 }
+
+#[tokio::test]
+async fn ipv6_clients_of_one_64_share_a_bucket_and_the_next_64_has_its_own() {
+    let clock = FakeClock::new(Nanos::ZERO);
+    let app = app(&clock);
+    // Three addresses of one /64, as one client rotating through them.
+    let rotating = [
+        "[2001:db8:1:2::1]",
+        "[2001:db8:1:2::beef]",
+        "[2001:db8:1:2:ffff::9]",
+    ];
+    let statuses = three(&app, |i| req("/ip", rotating[i])).await;
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+    let next = send(&app, req("/ip", "[2001:db8:1:3::1]")).await;
+    assert_eq!(next.status(), StatusCode::OK);
+}

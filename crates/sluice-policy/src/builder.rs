@@ -106,6 +106,25 @@ impl PolicyBuilder {
         self
     }
 
+    /// How many leading bits of an IPv6 client's address `ip:address` keys
+    /// on (`ipv6_prefix`; 64 when not set, 128 for every address alone).
+    ///
+    /// ```
+    /// use sluice_policy::{LimitKey, Policy, RequestParts, Rule};
+    /// let p = Policy::builder()
+    ///     .ipv6_prefix(56)
+    ///     .rule(Rule::builder("per-ip").key(LimitKey::IpAddress).token_bucket(1.0, 1.0))
+    ///     .build()
+    ///     .unwrap();
+    /// let req = RequestParts::new("GET", "/").with_ip("2001:db8:0:12ff::1".parse().unwrap());
+    /// assert_eq!(p.rules()[0].key(&req).as_deref(), Some("20:2001:db8:0:1200::/56"));
+    /// ```
+    #[must_use]
+    pub fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.top.insert("ipv6_prefix".into(), Value::from(bits));
+        self
+    }
+
     /// The policy, validated as a policy file is. An error names the rule
     /// (or the top-level setting) at fault.
     ///

@@ -47,6 +47,21 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
     if let Some(t) = &raw.trusted_proxies {
         policy.trusted_proxies = trusted_proxies(t, &mut warnings)?;
     }
+    if let Some(p) = &raw.ipv6_prefix {
+        policy.ipv6_prefix = match u8::try_from(p.value) {
+            Ok(bits @ 1..=128) => bits,
+            _ => {
+                return Err(at(
+                    p,
+                    format!(
+                        "ipv6_prefix is {}; it must be a prefix length from 1 to 128 \
+                         (64 groups each client's /64, 128 keys every address alone)",
+                        p.value
+                    ),
+                ));
+            }
+        };
+    }
     if let Some(jwt) = &raw.jwt {
         let base = file.parent().unwrap_or(Path::new(""));
         let verifier = JwtVerifier::build(&jwt.value, base).map_err(|e| e.into_invalid(jwt))?;
@@ -192,6 +207,7 @@ fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Res
         mode: r.mode.unwrap_or_default(),
         on_store_error: r.on_store_error.unwrap_or(policy.on_store_error),
         on_missing: r.on_missing.unwrap_or_default(),
+        ipv6_prefix: policy.ipv6_prefix,
         domain: match r.domain {
             Some(d) if d.value.is_empty() => return Err(at(&d, "a domain must not be empty")),
             d => d.map(|d| d.value),

@@ -3,18 +3,18 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::net::IpAddr;
+use std::net::{IpAddr, Ipv6Addr};
 
 use crate::request::Request;
 
 /// One part of a rule's key (an entry of `limit_keys`).
 ///
 /// ```
-/// use sluice_policy::{LimitKey, Request, RequestParts};
+/// use sluice_policy::{DEFAULT_IPV6_PREFIX, LimitKey, Request, RequestParts};
 /// let key = LimitKey::parse("header:X-Api-Key").unwrap();
 /// assert_eq!(key, LimitKey::Header("x-api-key".into()));
 /// let req = RequestParts::new("GET", "/").with_header("x-api-key", "k1");
-/// assert_eq!(key.extract(&req).as_deref(), Some("k1"));
+/// assert_eq!(key.extract(&req, DEFAULT_IPV6_PREFIX).as_deref(), Some("k1"));
 /// assert_eq!(LimitKey::parse("jwt:sub"), Ok(LimitKey::Jwt("sub".into())));
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -68,18 +68,28 @@ impl LimitKey {
     }
 
     /// This part of `req`, or `None` when the request lacks it (the rule then
-    /// does not apply).
+    /// does not apply). An IPv6 client is keyed by the network of its first
+    /// `ipv6_prefix` bits (the policy's `ipv6_prefix`, 64 unless it says
+    /// otherwise), since one client is usually given a whole /64.
     ///
     /// ```
     /// use sluice_policy::{LimitKey, RequestParts};
-    /// let req = RequestParts::new("GET", "/").with_ip("::ffff:192.0.2.1".parse().unwrap());
+    /// let ip = |a: &str| RequestParts::new("GET", "/").with_ip(a.parse().unwrap());
+    /// let key = |a: &str, bits| LimitKey::IpAddress.extract(&ip(a), bits).unwrap().into_owned();
     /// // IPv4-mapped IPv6 addresses count as the IPv4 client they are.
-    /// assert_eq!(LimitKey::IpAddress.extract(&req).as_deref(), Some("192.0.2.1"));
-    /// assert_eq!(LimitKey::Query("page".into()).extract(&req), None);
+    /// assert_eq!(key("::ffff:192.0.2.1", 64), "192.0.2.1");
+    /// assert_eq!(key("2001:db8:1:2:aaaa::1", 64), "2001:db8:1:2::/64");
+    /// assert_eq!(key("2001:db8:1:2:bbbb::9", 64), "2001:db8:1:2::/64");
+    /// assert_eq!(key("2001:db8:1:2:bbbb::9", 128), "2001:db8:1:2:bbbb::9");
+    /// assert_eq!(LimitKey::Query("page".into()).extract(&ip("192.0.2.1"), 64), None);
     /// ```
-    pub fn extract<'r, R: Request + ?Sized>(&self, req: &'r R) -> Option<Cow<'r, str>> {
+    pub fn extract<'r, R: Request + ?Sized>(
+        &self,
+        req: &'r R,
+        ipv6_prefix: u8,
+    ) -> Option<Cow<'r, str>> {
         match self {
-            LimitKey::IpAddress => req.ip().map(|ip| Cow::Owned(ip_text(ip))),
+            LimitKey::IpAddress => req.ip().map(|ip| Cow::Owned(ip_text(ip, ipv6_prefix))),
             LimitKey::Header(n) => req.header(n).map(Cow::Borrowed),
             LimitKey::Query(n) => req.query(n),
             LimitKey::Path => Some(Cow::Borrowed(req.path())),
@@ -90,10 +100,16 @@ impl LimitKey {
     }
 }
 
+/// How many leading bits of an IPv6 address `ip:address` keys on unless the
+/// policy says otherwise: a /64 is what one client (a home, a VM) is given.
+pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
 /// An address as its key part: IPv4-mapped IPv6 addresses as IPv4, so that
-/// a dual-stack listener keys a client as an IPv4 one does. IPv4, the common
-/// case on every request, is written without the formatting machinery.
-fn ip_text(ip: IpAddr) -> String {
+/// a dual-stack listener keys a client as an IPv4 one does; other IPv6
+/// addresses as their network of `ipv6_prefix` bits (the address alone at
+/// 128). IPv4, the common case on every request, is written without the
+/// formatting machinery.
+fn ip_text(ip: IpAddr, ipv6_prefix: u8) -> String {
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
             let mut out = String::with_capacity(15);
@@ -105,6 +121,13 @@ fn ip_text(ip: IpAddr) -> String {
                 out.push_str(digits.format(octet));
             }
             out
+        }
+        IpAddr::V6(v6) if ipv6_prefix < 128 => {
+            let mask = u128::MAX
+                .checked_shl(u32::from(128 - ipv6_prefix))
+                .unwrap_or(0);
+            let network = Ipv6Addr::from(u128::from(v6) & mask);
+            format!("{network}/{ipv6_prefix}")
         }
         v6 => v6.to_string(),
     }

@@ -10,7 +10,7 @@ use crate::client_ip::TrustedProxies;
 use crate::condition::Condition;
 use crate::error::PolicyWarning;
 use crate::jwt::JwtVerifier;
-use crate::keys::{Cost, LimitKey, push_missing, push_part};
+use crate::keys::{Cost, DEFAULT_IPV6_PREFIX, LimitKey, push_missing, push_part};
 use crate::request::Request;
 use crate::settings::{Enforcement, OnMissing};
 
@@ -142,6 +142,8 @@ pub struct Rule {
     pub(crate) mode: Enforcement,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) on_missing: OnMissing,
+    /// The policy's `ipv6_prefix`: how `ip:address` groups IPv6 clients.
+    pub(crate) ipv6_prefix: u8,
     pub(crate) domain: Option<String>,
     pub(crate) group: Option<String>,
 }
@@ -296,7 +298,7 @@ impl Rule {
     pub fn key<R: Request + ?Sized>(&self, req: &R) -> Option<String> {
         let mut key = String::with_capacity(24);
         for part in &self.keys {
-            match part.extract(req) {
+            match part.extract(req, self.ipv6_prefix) {
                 Some(v) => push_part(&mut key, &v),
                 None if self.on_missing == OnMissing::Shared => push_missing(&mut key),
                 None => return None,
@@ -324,7 +326,7 @@ impl Rule {
 /// assert_eq!(policy.limit("llmTokens").unwrap().algorithm().max_cost(true), 140_000.0);
 /// assert_eq!(policy.rules().len(), 1);
 /// ```
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct Policy {
     pub(crate) store: StoreConfig,
     pub(crate) on_store_error: OnStoreError,
@@ -332,11 +334,33 @@ pub struct Policy {
     pub(crate) limit_index: HashMap<String, usize>,
     pub(crate) rules: Vec<Rule>,
     pub(crate) trusted_proxies: TrustedProxies,
+    /// How many leading bits of an IPv6 client's address `ip:address` keys
+    /// on: one client is usually given a whole /64 and could otherwise take
+    /// a fresh bucket with each of its addresses.
+    pub(crate) ipv6_prefix: u8,
     pub(crate) jwt: Option<JwtVerifier>,
     pub(crate) warnings: Vec<PolicyWarning>,
     /// Whether the file lists its rules or limits as explicitly empty
     /// (`rules: []`), rather than leaving them out.
     pub(crate) empty_on_purpose: bool,
+}
+
+impl Default for Policy {
+    /// An empty policy: no rules, no limits, the memory store.
+    fn default() -> Policy {
+        Policy {
+            store: StoreConfig::default(),
+            on_store_error: OnStoreError::default(),
+            limits: Vec::new(),
+            limit_index: HashMap::new(),
+            rules: Vec::new(),
+            trusted_proxies: TrustedProxies::default(),
+            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            jwt: None,
+            warnings: Vec::new(),
+            empty_on_purpose: false,
+        }
+    }
 }
 
 impl Policy {
@@ -439,6 +463,18 @@ impl Policy {
     /// ```
     pub fn trusted_proxies(&self) -> &TrustedProxies {
         &self.trusted_proxies
+    }
+
+    /// How many leading bits of an IPv6 client's address `ip:address` keys
+    /// on (`ipv6_prefix`).
+    ///
+    /// ```
+    /// use sluice_policy::{DEFAULT_IPV6_PREFIX, Policy};
+    /// assert_eq!(Policy::from_str("ipv6_prefix: 48", "p").unwrap().ipv6_prefix(), 48);
+    /// assert_eq!(Policy::default().ipv6_prefix(), DEFAULT_IPV6_PREFIX);
+    /// ```
+    pub fn ipv6_prefix(&self) -> u8 {
+        self.ipv6_prefix
     }
 
     /// The keys that verify request tokens (`jwt`), if any: without them no

@@ -21,6 +21,7 @@ pub(crate) struct RawPolicy {
     pub(crate) store: Option<Spanned<RawStore>>,
     pub(crate) on_store_error: Option<OnStoreError>,
     pub(crate) trusted_proxies: Option<Spanned<RawTrustedProxies>>,
+    pub(crate) ipv6_prefix: Option<Spanned<u64>>,
     pub(crate) jwt: Option<Spanned<RawJwt>>,
     pub(crate) limits: Option<Entries<RawLimit>>,
     pub(crate) rules: Option<Vec<Spanned<RawRule>>>,

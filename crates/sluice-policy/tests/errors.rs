@@ -470,6 +470,19 @@ fn absurd_values_are_refused_at_their_position() {
 }
 
 #[test]
+fn an_ipv6_prefix_that_is_no_prefix_length_is_refused_at_its_position() {
+    for bad in ["0", "129", "4294967296"] {
+        assert_err(
+            &format!("ipv6_prefix: {bad}\n"),
+            1,
+            14,
+            "must be a prefix length from 1 to 128",
+        );
+    }
+    assert_err("ipv6_prefix: /64\n", 1, 14, "invalid u64");
+}
+
+#[test]
 fn rules_that_could_never_match_as_meant_are_refused() {
     let keyed = |keys: &str, matches: &str| {
         format!(

@@ -58,7 +58,7 @@ fn key_parts_of_every_kind() {
         .with_query("tenant=acme");
     assert_eq!(
         hits(&p, &req)[0].1,
-        "11:2001:db8::14:POST8:/v1/chat4:acme3:k-1"
+        "13:2001:db8::/644:POST8:/v1/chat4:acme3:k-1"
     );
 }
 
@@ -69,6 +69,40 @@ fn ipv4_mapped_addresses_share_the_ipv4_key() {
     let mapped = get("/").with_ip("::ffff:192.0.2.1".parse().unwrap());
     assert_eq!(hits(&p, &v4), hits(&p, &mapped));
     assert_eq!(hits(&p, &v4)[0].1, "9:192.0.2.1");
+}
+
+#[test]
+fn ipv6_clients_are_keyed_by_their_64_unless_the_policy_says_otherwise() {
+    let p = policy(&[("per-ip", "[ip:address]", "{}", "")]);
+    let key = |p: &Policy, ip: &str| hits(p, &get("/").with_ip(ip.parse().unwrap()))[0].1.clone();
+    // One client rotating through the addresses of its /64 has one bucket.
+    let home = key(&p, "2001:db8:aa:bb::1");
+    assert_eq!(home, "19:2001:db8:aa:bb::/64");
+    assert_eq!(key(&p, "2001:db8:aa:bb:ffff:ffff:ffff:ffff"), home);
+    // The next /64 is another client.
+    assert_ne!(key(&p, "2001:db8:aa:bc::1"), home);
+    // IPv4 is as it was.
+    assert_eq!(key(&p, "192.0.2.1"), "9:192.0.2.1");
+
+    let text = |prefix: u8| {
+        format!(
+            "ipv6_prefix: {prefix}
+rules: [{{name: per-ip, limit_keys: [ip:address], \
+             algorithm: token_bucket, algorithm_config: {{rps: 1}}}}]
+"
+        )
+    };
+    let wide = Policy::from_str(&text(48), "p.yaml").unwrap();
+    assert_eq!(
+        key(&wide, "2001:db8:aa:bb::1"),
+        key(&wide, "2001:db8:aa:ff::1")
+    );
+    let each = Policy::from_str(&text(128), "p.yaml").unwrap();
+    assert_eq!(key(&each, "2001:db8:aa:bb::1"), "17:2001:db8:aa:bb::1");
+    assert_ne!(
+        key(&each, "2001:db8:aa:bb::2"),
+        key(&each, "2001:db8:aa:bb::1")
+    );
 }
 
 #[test]
