@@ -8,6 +8,7 @@ use parking_lot::Mutex;
 use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Store, StoreError};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Request, Rule, RuleHit};
 
+use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits};
 use crate::meters::Meters;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
@@ -46,6 +47,8 @@ pub struct Enforcer<S> {
     /// Where hot-key shard choices come from when they must repeat (replay);
     /// `None` draws them at random.
     picks: Option<Mutex<fastrand::Rng>>,
+    /// The limits calls have supplied with themselves.
+    inline: InlineLimits,
 }
 
 impl<S: Store> Enforcer<S> {
@@ -64,6 +67,76 @@ impl<S: Store> Enforcer<S> {
             store,
             meters: Meters::default(),
             picks: None,
+            inline: InlineLimits::new(DEFAULT_MAX_INLINE_LIMITS),
+        }
+    }
+
+    /// The same enforcer, keeping at most `max` inline limit names (256
+    /// unless told otherwise): see [`Enforcer::inline_limit`].
+    #[must_use]
+    pub fn with_max_inline_limits(self, max: usize) -> Self {
+        Enforcer {
+            inline: InlineLimits::new(max),
+            ..self
+        }
+    }
+
+    /// A limit that a call supplies with itself rather than naming one of
+    /// `policy`'s: `name` (its state's name), `algorithm` and
+    /// `algorithm_config` as a policy file's `limits` entry writes them,
+    /// checked as that entry would be. Decide with it as with a named
+    /// limit ([`Enforcer::decide_named`]).
+    ///
+    /// The enforcer keeps each name's configuration, so that a name given
+    /// again with the same configuration is not checked again, and keeps
+    /// at most a bounded number of names: each is a table in the memory
+    /// store and a label in the metrics. A name given with a new
+    /// configuration takes it, and its keys keep their state.
+    ///
+    /// ```
+    /// # use sluice_core::{MemoryStore, Mode};
+    /// # use sluice_engine::{Enforcer, InlineError};
+    /// # use sluice_policy::Policy;
+    /// use serde_json::json;
+    /// let e = Enforcer::new(Policy::default(), MemoryStore::new()).with_max_inline_limits(1);
+    /// let policy = e.policy();
+    /// let quota = e.inline_limit(&policy, "quota", &json!("fixed_window"), &json!({"rate": 2, "period": "1h"}))?;
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let d = rt.block_on(e.decide_named(&quota, "org-7", 2.0, Mode::CONSUME)).unwrap();
+    /// assert_eq!((d.allowed, d.remaining), (true, 0));
+    /// // One name is all this enforcer keeps.
+    /// let other = e.inline_limit(&policy, "other", &json!("token_bucket"), &json!({"rps": 1}));
+    /// assert_eq!(other.unwrap_err(), InlineError::Full(1));
+    /// # Ok::<_, InlineError>(())
+    /// ```
+    pub fn inline_limit(
+        &self,
+        policy: &Policy,
+        name: &str,
+        algorithm: &serde_json::Value,
+        algorithm_config: &serde_json::Value,
+    ) -> Result<Arc<NamedLimit>, InlineError> {
+        self.inline.get(policy, name, algorithm, algorithm_config)
+    }
+
+    /// The limit named `name`: `policy`'s, or else the inline limit last
+    /// given that name, for the calls that read or reset a key by name.
+    ///
+    /// ```
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::Policy;
+    /// use serde_json::json;
+    /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
+    /// let policy = e.policy();
+    /// assert!(e.limit_named(&policy, "quota").is_none());
+    /// e.inline_limit(&policy, "quota", &json!("token_bucket"), &json!({"rps": 1})).unwrap();
+    /// assert_eq!(e.limit_named(&policy, "quota").unwrap().name(), "quota");
+    /// ```
+    pub fn limit_named(&self, policy: &Policy, name: &str) -> Option<Arc<NamedLimit>> {
+        match policy.named_limit(name) {
+            Some(named) => Some(Arc::new(named.clone())),
+            None => self.inline.named(name),
         }
     }
 

@@ -34,11 +34,13 @@
 //! ```
 
 mod enforcer;
+mod inline;
 mod meters;
 mod store_errors;
 mod verdict;
 mod verified;
 
 pub use enforcer::Enforcer;
+pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError};
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

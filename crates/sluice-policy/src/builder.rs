@@ -357,7 +357,7 @@ impl RuleBuilder {
     }
 }
 
-fn on_store_error(on_error: OnStoreError) -> Value {
+pub(crate) fn on_store_error(on_error: OnStoreError) -> Value {
     Value::from(match on_error {
         OnStoreError::Open => "open",
         OnStoreError::Closed => "closed",

@@ -28,6 +28,7 @@ mod compile;
 mod condition;
 mod error;
 mod files;
+mod inline;
 mod jwt;
 mod keys;
 mod load;

@@ -686,3 +686,38 @@ fn validate_warns_about_likely_mistakes_and_still_succeeds() {
     );
     assert!(String::from_utf8_lossy(&out.stdout).contains("ok (1 limits, 0 rules)"));
 }
+
+#[test]
+fn a_call_that_brings_its_own_limit_replays_as_the_same_limit_in_the_policy() {
+    let config = json!({"rate": 2, "period": 10});
+    let calls = |inline: bool| -> Vec<Value> {
+        [0.0, 1.0, 2.0, 5.5, 11.0]
+            .iter()
+            .map(|&t| {
+                let mut e = json!({"t": t, "limit": "quota", "key": "org-7"});
+                if inline {
+                    e["algorithm"] = "sliding_log".into();
+                    e["algorithm_config"] = config.clone();
+                }
+                e
+            })
+            .collect()
+    };
+    let policy =
+        format!("limits: {{quota: {{algorithm: sliding_log, algorithm_config: {config}}}}}");
+    let named = replay(&policy, &calls(false));
+    let inline = replay("limits: {}", &calls(true));
+    assert_eq!(inline, named);
+    // 2 a 10 s period: the third call waits for the first to leave at 10 s.
+    assert_eq!(
+        column(&inline, "allowed"),
+        [
+            &json!(true),
+            &json!(true),
+            &json!(false),
+            &json!(false),
+            &json!(true)
+        ]
+    );
+    assert_eq!(inline[2]["retry_after"], json!(8.0));
+}

@@ -83,6 +83,128 @@ async fn a_sliding_log_limit_counts_every_call_in_its_window_and_refuses_reserva
 }
 
 #[tokio::test]
+async fn a_limit_brought_inline_decides_as_the_same_limit_in_a_policy() {
+    let configs = [
+        (
+            "token_bucket",
+            r#"{"rate": 3, "period": 60, "burst": 4, "max_reserved": 2}"#,
+        ),
+        ("fixed_window", r#"{"rate": 3, "period": "1m", "start": 0}"#),
+        (
+            "sliding_window",
+            r#"{"rate": 3, "period": "1m", "start": 0}"#,
+        ),
+        ("sliding_log", r#"{"rate": 3, "period": "1m"}"#),
+    ];
+    for (algorithm, config) in configs {
+        let policy =
+            format!("limits: {{q: {{algorithm: {algorithm}, algorithm_config: {config}}}}}");
+        let named = state_of(&policy, None);
+        let inline = state_of("limits: {}", None);
+        let body = |count: f64, reserve: bool, inline: bool| {
+            let mut b = serde_json::json!({"limit": "q", "key": "org-7", "count": count, "reserve": reserve});
+            if inline {
+                b["algorithm"] = algorithm.into();
+                b["algorithm_config"] = serde_json::from_str(config).unwrap();
+            }
+            b.to_string()
+        };
+        for (count, reserve) in [
+            (2.0, false),
+            (1.0, false),
+            (1.5, false),
+            (0.0, false),
+            (2.0, true),
+            (9.0, false),
+        ] {
+            let want = call(
+                &named,
+                "POST",
+                "/v1/limit",
+                body(count, reserve, false),
+                None,
+            )
+            .await;
+            let got = call(
+                &inline,
+                "POST",
+                "/v1/limit",
+                body(count, reserve, true),
+                None,
+            )
+            .await;
+            assert_eq!(
+                got, want,
+                "{algorithm} {config}: count {count}, reserve {reserve}"
+            );
+        }
+        let want = get(&named, "/v1/value?limit=q&key=org-7").await;
+        assert_eq!(
+            get(&inline, "/v1/value?limit=q&key=org-7").await,
+            want,
+            "{algorithm}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
+    let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
+    let store = AnyStore::Memory(sluice_core::MemoryStore::new());
+    let s = Arc::new(AppState {
+        enforcer: Arc::new(Enforcer::new(policy, store).with_max_inline_limits(2)),
+        admin_token: None,
+        metrics: None,
+        reload_error: arc_swap::ArcSwapOption::empty(),
+    });
+    // A token bucket brought inline as `limit`, through `path`: the status
+    // and the problem's detail (or the answer).
+    let bring = async |path: &str, limit: &str, config: serde_json::Value| {
+        let body = serde_json::json!({"limit": limit, "key": "k", "algorithm": "token_bucket", "algorithm_config": config});
+        let (st, _, j) = call(&s, "POST", path, body.to_string(), None).await;
+        let detail = j["detail"].as_str().unwrap_or_default().to_owned();
+        (st, detail, j)
+    };
+    // The policy file's own message for the same entry.
+    let (st, detail, _) = bring("/v1/limit", "a", serde_json::json!({"rps": 1, "burst": 0})).await;
+    let file = "limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1, burst: 0}}}";
+    assert_eq!(
+        (st, detail),
+        (422, Policy::from_str(file, "p").unwrap_err().message)
+    );
+    // A name of the policy's is not taken over.
+    let (st, detail, _) = bring("/v1/limit", "sendMessage", serde_json::json!({"rps": 1})).await;
+    assert_eq!(st, 422);
+    assert!(
+        detail.contains("is a limit or rule of the policy"),
+        "{detail}"
+    );
+    // Settings without the algorithm they configure.
+    let orphan = r#"{"limit": "a", "key": "k", "algorithm_config": {"rps": 1}}"#;
+    assert_eq!(call(&s, "POST", "/v1/limit", orphan, None).await.0, 422);
+    // Two names are kept; a third is refused, and a kept one still serves.
+    for name in ["a", "b"] {
+        let five = serde_json::json!({"rps": 1, "burst": 5});
+        assert_eq!(bring("/v1/limit", name, five).await.0, 200, "{name}");
+    }
+    let (st, detail, _) = bring("/v1/limit", "c", serde_json::json!({"rps": 1})).await;
+    assert_eq!(st, 422);
+    assert!(
+        detail.contains("already keeps 2 inline limit names"),
+        "{detail}"
+    );
+    // A kept name given a smaller burst keeps its key's state, capped: four
+    // tokens left of five, now at most two, so a check of one leaves one.
+    let (st, _, j) = bring("/v1/check", "a", serde_json::json!({"rps": 1, "burst": 2})).await;
+    assert_eq!(
+        (st, &j["remaining"], &j["limit"]),
+        (200, &1.into(), &2.into())
+    );
+    let (st, _, j) = get(&s, "/v1/value?limit=a&key=k").await;
+    assert_eq!((st, &j["tokens"]), (200, &2.0.into()));
+}
+
+#[tokio::test]
 async fn reset_without_the_admin_token_is_refused_and_changes_nothing_and_the_scheme_is_any_case() {
     let s = state(Some("s3cret"));
     let spend = serde_json::json!({"limit": "sendMessage", "key": "u1", "count": 2}).to_string();

@@ -26,6 +26,8 @@ struct RawEvent {
     key: Option<String>,
     count: Option<f64>,
     reserve: Option<bool>,
+    algorithm: Option<serde_json::Value>,
+    algorithm_config: Option<serde_json::Value>,
 }
 
 /// One replayed event.
@@ -34,12 +36,19 @@ pub(crate) enum Event {
     /// A request, evaluated against the policy's rules.
     Request(RequestParts),
     /// A call to a named limit, as the decision API or the library makes.
-    Call {
-        limit: String,
-        key: String,
-        count: f64,
-        reserve: bool,
-    },
+    Call(Call),
+}
+
+/// A call to a named limit, or to one it brings (`algorithm` and
+/// `algorithm_config`, whose state `limit` names).
+#[derive(Debug)]
+pub(crate) struct Call {
+    pub(crate) limit: String,
+    pub(crate) key: String,
+    pub(crate) count: f64,
+    pub(crate) reserve: bool,
+    /// The call's own limit: its algorithm and that algorithm's settings.
+    pub(crate) inline: Option<(serde_json::Value, serde_json::Value)>,
 }
 
 /// Parses one line; errors say what is wrong, and the caller adds where.
@@ -61,20 +70,37 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
             if request_fields.into_iter().any(|present| present) {
                 bail!(
                     "an event is either a request (ip, method, path, host, headers, query) \
-                     or a named-limit call (limit, key, count, reserve), not both"
+                     or a named-limit call (limit, key, count, reserve, algorithm, \
+                     algorithm_config), not both"
                 );
             }
-            Event::Call {
+            let inline = match (raw.algorithm, raw.algorithm_config) {
+                (None, None) => None,
+                (Some(algorithm), config) => {
+                    Some((algorithm, config.unwrap_or(serde_json::Value::Null)))
+                }
+                (None, Some(_)) => bail!("`algorithm_config` needs the `algorithm` it configures"),
+            };
+            Event::Call(Call {
                 limit,
                 key: raw.key.unwrap_or_default(),
                 count: raw.count.unwrap_or(1.0),
                 reserve: raw.reserve.unwrap_or(false),
-            }
+                inline,
+            })
         }
         None => {
-            if raw.key.is_some() || raw.count.is_some() || raw.reserve.is_some() {
+            let call_fields = [
+                raw.key.is_some(),
+                raw.count.is_some(),
+                raw.reserve.is_some(),
+                raw.algorithm.is_some(),
+                raw.algorithm_config.is_some(),
+            ];
+            if call_fields.into_iter().any(|present| present) {
                 bail!(
-                    "`key`, `count` and `reserve` belong to named-limit calls, which need `limit`"
+                    "`key`, `count`, `reserve`, `algorithm` and `algorithm_config` belong to \
+                     named-limit calls, which need `limit`"
                 );
             }
             let ip = raw
@@ -116,12 +142,22 @@ mod tests {
         let (_, e) = parse(r#"{"t": 1, "limit": "l", "key": "u", "count": 2.5}"#).unwrap();
         assert!(matches!(
             e,
-            Event::Call {
+            Event::Call(Call {
                 count: 2.5,
                 reserve: false,
+                inline: None,
                 ..
-            }
+            })
         ));
+        let inline = r#"{"t": 1, "limit": "q", "key": "u", "algorithm": "token_bucket", "algorithm_config": {"rps": 2}}"#;
+        let Event::Call(call) = parse(inline).unwrap().1 else {
+            panic!("call expected")
+        };
+        let (algorithm, config) = call.inline.unwrap();
+        assert_eq!(
+            (algorithm.as_str(), &config["rps"]),
+            (Some("token_bucket"), &2.into())
+        );
     }
 
     #[test]
@@ -131,6 +167,11 @@ mod tests {
             (r#"{"t": 1, "ip": "300.1.1.1"}"#, "bad `ip`"),
             (r#"{"t": 1, "limit": "l", "path": "/"}"#, "not both"),
             (r#"{"t": 1, "count": 2}"#, "need `limit`"),
+            (r#"{"t": 1, "algorithm": "token_bucket"}"#, "need `limit`"),
+            (
+                r#"{"t": 1, "limit": "l", "algorithm_config": {"rps": 1}}"#,
+                "needs the `algorithm`",
+            ),
             (r#"{"t": 1, "heders": {}}"#, "unknown field `heders`"),
             (r#"{"ip": "::1"}"#, "missing field `t`"),
             ("{", "EOF"),

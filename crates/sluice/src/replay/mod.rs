@@ -123,14 +123,9 @@ async fn replay<S: Store>(
                 let line = Line::request(&t_raw, &verdict, replayer.policy());
                 serde_json::to_writer(&mut *out, &line)?;
             }
-            Event::Call {
-                limit,
-                key,
-                count,
-                reserve,
-            } => {
+            Event::Call(call) => {
                 let line = replayer
-                    .call(&t_raw, &limit, &key, count, reserve)
+                    .call(&t_raw, &call)
                     .await
                     .with_context(|| format!("{events_name}:{n}"))?;
                 serde_json::to_writer(&mut *out, &line)?;

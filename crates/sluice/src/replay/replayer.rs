@@ -7,6 +7,7 @@ use sluice_core::{FakeClock, MemoryStore, Mode, Nanos, Store, StoreError};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_policy::{Policy, RequestParts, StoreConfig, TrustedProxies};
 
+use super::event::Call;
 use super::line::Line;
 use super::summary::Summary;
 
@@ -73,17 +74,32 @@ impl<S: Store> Replayer<S> {
         verdict
     }
 
-    /// A call to a named limit.
+    /// A call to a named limit, or to the limit it brings.
     pub(crate) async fn call<'a>(
         &'a mut self,
         t: &'a serde_json::Number,
-        name: &str,
-        key: &str,
-        count: f64,
-        reserve: bool,
+        call: &'a Call,
     ) -> anyhow::Result<Line<'a>> {
-        let Some(named) = self.policy.named_limit(name) else {
-            anyhow::bail!("no limit named {name:?} in the policy");
+        let Call {
+            limit: name,
+            key,
+            count,
+            reserve,
+            inline,
+        } = call;
+        let (key, count, reserve) = (key.as_str(), *count, *reserve);
+        let brought;
+        let named = match inline {
+            None => match self.policy.named_limit(name) {
+                Some(named) => named,
+                None => anyhow::bail!("no limit named {name:?} in the policy"),
+            },
+            Some((algorithm, config)) => {
+                brought = self
+                    .enforcer
+                    .inline_limit(&self.policy, name, algorithm, config)?;
+                &*brought
+            }
         };
         let mode = if reserve {
             Mode::RESERVE
@@ -92,12 +108,12 @@ impl<S: Store> Replayer<S> {
         };
         let line = match self.enforcer.decide_named(named, key, count, mode).await {
             Ok(d) => {
-                self.summary.call(named.name(), key, count, &d);
-                Line::decided(t, named.name(), &d, d.allowed)
+                self.summary.call(name, key, count, &d);
+                Line::decided(t, name, &d, d.allowed)
             }
             Err(StoreError::Cost(e)) => {
                 let capacity = named.limit().algorithm().capacity();
-                Line::refused(t, named.name(), capacity, &e)
+                Line::refused(t, name, capacity, &e)
             }
             Err(e) => return Err(e.into()),
         };

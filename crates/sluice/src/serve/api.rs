@@ -260,7 +260,9 @@ fn parse<'a, T: Deserialize<'a>>(bytes: &'a [u8]) -> Result<T, Response> {
 }
 
 /// A `/v1/limit` or `/v1/check` body. Its strings borrow from the body
-/// unless they hold escapes: a call allocates nothing to be read.
+/// unless they hold escapes: a call on a policy's limit allocates nothing
+/// to be read. A call that brings its own limit gives its `algorithm` and
+/// `algorithm_config`, and `limit` names its state.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Call<'a> {
@@ -272,6 +274,8 @@ struct Call<'a> {
     count: f64,
     #[serde(default)]
     reserve: bool,
+    algorithm: Option<serde_json::Value>,
+    algorithm_config: Option<serde_json::Value>,
 }
 
 fn one() -> f64 {
@@ -335,7 +339,7 @@ fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
 fn unknown_limit(name: &str) -> Response {
     problem(
         StatusCode::NOT_FOUND,
-        format!("no limit named {name:?} in the policy"),
+        format!("no limit named {name:?} in the policy, nor given inline"),
     )
 }
 
@@ -365,8 +369,31 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
         );
     }
     let policy = state.enforcer.policy();
-    let Some(named) = policy.named_limit(&call.limit) else {
-        return unknown_limit(&call.limit);
+    let inline;
+    let named = match (&call.algorithm, &call.algorithm_config) {
+        (None, None) => match policy.named_limit(&call.limit) {
+            Some(named) => named,
+            None => return unknown_limit(&call.limit),
+        },
+        (Some(algorithm), config) => {
+            let config = config.as_ref().unwrap_or(&serde_json::Value::Null);
+            match state
+                .enforcer
+                .inline_limit(&policy, &call.limit, algorithm, config)
+            {
+                Ok(limit) => {
+                    inline = limit;
+                    &*inline
+                }
+                Err(e) => return problem(StatusCode::UNPROCESSABLE_ENTITY, e.to_string()),
+            }
+        }
+        (None, Some(_)) => {
+            return problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "`algorithm_config` needs the `algorithm` it configures".into(),
+            );
+        }
     };
     let mode = match (consume, call.reserve) {
         (false, r) => Mode {
@@ -435,10 +462,10 @@ async fn reset<C: Clock + Send + Sync>(
         Err(res) => return res,
     };
     let policy = s.enforcer.policy();
-    let Some(limit) = policy.limit(&r.limit) else {
+    let Some(named) = s.enforcer.limit_named(&policy, &r.limit) else {
         return unknown_limit(&r.limit);
     };
-    match s.enforcer.store().reset(limit, &r.key).await {
+    match s.enforcer.store().reset(named.limit(), &r.key).await {
         Ok(()) => (
             StatusCode::OK,
             axum::Json(serde_json::json!({"reset": true})),
@@ -457,9 +484,10 @@ async fn value<C: Clock + Send + Sync>(
         Err(e) => return problem(StatusCode::BAD_REQUEST, e.body_text()),
     };
     let policy = s.enforcer.policy();
-    let Some(limit) = policy.limit(&r.limit) else {
+    let Some(named) = s.enforcer.limit_named(&policy, &r.limit) else {
         return unknown_limit(&r.limit);
     };
+    let limit = named.limit();
     match s.enforcer.store().value(limit, &r.key).await {
         Ok(v) => axum::Json(serde_json::json!({
             "limit": limit.algorithm().capacity(),

@@ -56,6 +56,11 @@ pub(crate) struct ServeArgs {
     /// may take.
     #[arg(long, env = "SLUICE_BODY_TIMEOUT", default_value = "10s", value_parser = crate::duration::parse)]
     pub(crate) body_timeout: Duration,
+    /// The most names of limits that calls bring with them (`algorithm` and
+    /// `algorithm_config` on `/v1/limit`) this server keeps; a call naming
+    /// another gets a 422.
+    #[arg(long, env = "SLUICE_MAX_INLINE_LIMITS", default_value_t = sluice_engine::DEFAULT_MAX_INLINE_LIMITS)]
+    pub(crate) max_inline_limits: usize,
     #[command(flatten)]
     pub(crate) limits: Limits,
 }
@@ -71,7 +76,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     crate::server::runtime()?.block_on(async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
         let state = Arc::new(AppState {
-            enforcer: Arc::new(enforcer),
+            enforcer: Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits)),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),
