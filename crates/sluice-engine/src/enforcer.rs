@@ -323,7 +323,7 @@ impl<S: Store> Enforcer<S> {
         }
         let ops: Vec<Op<'_>> = enforce
             .iter()
-            .map(|h| self.op(h.rule.limit(), &h.key, h.cost))
+            .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
         let outcome = match self.transact(&ops, &rules).await {
@@ -357,7 +357,7 @@ impl<S: Store> Enforcer<S> {
                 key: hit.key.clone(),
                 cost: hit.cost,
                 decision: *d,
-                window: window(hit.rule),
+                window: window(hit.limit()),
             });
         }
         verdict.allowed = outcome.allowed;
@@ -370,7 +370,7 @@ impl<S: Store> Enforcer<S> {
     /// cost it can never admit would deny, and a failed store call answers
     /// as the rule's `on_store_error` says.
     async fn shadow(&self, hit: &RuleHit<'_>) -> bool {
-        let op = self.op(hit.rule.limit(), &hit.key, hit.cost);
+        let op = self.op(hit.limit(), &hit.key, hit.cost);
         match self.transact(&[op], &[hit.rule]).await {
             Ok(out) => out.allowed,
             Err(StoreError::Cost(_)) => false,
@@ -421,9 +421,9 @@ impl<S: Store> Enforcer<S> {
     }
 }
 
-/// The rule's quota window in seconds, as the `w` of `RateLimit-Policy`.
-fn window(rule: &Rule) -> f64 {
-    match rule.limit().algorithm() {
+/// A limit's quota window in seconds, as the `w` of `RateLimit-Policy`.
+fn window(limit: &Limit) -> f64 {
+    match limit.algorithm() {
         // The time to refill from empty; `rate` is per second.
         sluice_core::Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
         // A fixed window's period, and the period a sliding one counts over.

@@ -1,7 +1,11 @@
 //! Which rules apply to a request: [`Policy::matching`] yields each
 //! applicable rule with the request's key and cost.
 
-use crate::policy::{Policy, Rule};
+use std::sync::Arc;
+
+use sluice_core::Limit;
+
+use crate::policy::{NamedLimit, Policy, Rule};
 use crate::request::Request;
 use crate::settings::OnMissing;
 
@@ -32,6 +36,27 @@ pub struct RuleHit<'p> {
     /// A key part is missing and the rule says `on_missing: deny`: the
     /// request is denied without asking the store.
     pub missing: bool,
+    /// The limit this hit is decided under in place of the rule's, when the
+    /// request brings one (an Envoy descriptor's `limit` override).
+    pub limit: Option<Arc<NamedLimit>>,
+}
+
+impl RuleHit<'_> {
+    /// The limit the hit is decided under: the one the request brought, or
+    /// the rule's.
+    ///
+    /// ```
+    /// use sluice_policy::{Policy, RequestParts};
+    /// let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 3}}]", "p").unwrap();
+    /// let hit = p.matching(&RequestParts::new("GET", "/")).next().unwrap();
+    /// assert_eq!(hit.limit().name(), "r");
+    /// ```
+    pub fn limit(&self) -> &Limit {
+        match &self.limit {
+            Some(brought) => brought.limit(),
+            None => self.rule.limit(),
+        }
+    }
 }
 
 impl Policy {
@@ -120,6 +145,7 @@ impl Policy {
                     key,
                     cost: rule.cost().of(req),
                     missing,
+                    limit: None,
                 })
             })
     }

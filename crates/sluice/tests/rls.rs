@@ -7,11 +7,14 @@
 use std::sync::Arc;
 
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::RateLimitServiceClient;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::listen::{Limits, Listener};
 use sluice::serve::{AnyStore, AppState, serve_grpc};
@@ -411,4 +414,55 @@ async fn sliding_rules_answer_envoy_with_their_window_and_decide_as_one_transact
     let r = ask(&mut c, call("read")).await;
     assert_eq!(r.overall_code, Code::OverLimit as i32);
     assert_eq!(header(&r, "ratelimit"), Some("\"room-log\";r=0;t=60"));
+}
+
+#[tokio::test]
+async fn a_descriptors_limit_override_takes_the_rules_place_for_that_descriptor() {
+    let mut c = client().await;
+    let with_override = |user: &str, per_minute: u32| {
+        let mut d = descriptor(&[("user", user)]);
+        d.limit = Some(RateLimitOverride {
+            requests_per_unit: per_minute,
+            unit: RateLimitUnit::Minute as i32,
+        });
+        request("edge", vec![d], 0)
+    };
+    // per-user is 10 a minute; this descriptor says 2.
+    for left in [1, 0] {
+        let r = ask(&mut c, with_override("u1", 2)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let s = &r.statuses[0];
+        assert_eq!(s.limit_remaining, left);
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            ("per-user", 2, Unit::Minute as i32)
+        );
+        assert_eq!(
+            header(&r, "ratelimit-policy"),
+            Some("\"per-user\";q=2;w=60")
+        );
+    }
+    let r = ask(&mut c, with_override("u1", 2)).await;
+    assert_eq!(r.overall_code, Code::OverLimit as i32);
+    // The override keeps its own state: the rule's own limit for u1 is
+    // untouched.
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "u1")])], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 9);
+    // An override without a unit is refused.
+    let mut bad = descriptor(&[("user", "u1")]);
+    bad.limit = Some(RateLimitOverride {
+        requests_per_unit: 5,
+        unit: RateLimitUnit::Unknown as i32,
+    });
+    let e = c
+        .should_rate_limit(request("edge", vec![bad], 0))
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().contains("no known unit"), "{}", e.message());
 }

@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use envoy_types::pb::envoy::config::core::v3::HeaderValue;
 use envoy_types::pb::envoy::extensions::common::ratelimit::v3::RateLimitDescriptor;
-use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::Entry;
+use envoy_types::pb::envoy::extensions::common::ratelimit::v3::rate_limit_descriptor::{
+    Entry, RateLimitOverride,
+};
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::rate_limit::Unit;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{
     Code, DescriptorStatus, RateLimit,
@@ -19,11 +21,12 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use sluice_core::{Algorithm, Clock, Decision, Outcome};
-use sluice_engine::Verdict;
+use sluice_core::{Algorithm, Clock, Decision, Outcome, Store};
+use sluice_engine::{Enforcer, Verdict};
 use sluice_http::{PROBLEM_JSON, denial, rate_limit_headers};
-use sluice_policy::{Enforcement, Rule, RuleHit};
+use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
 use tonic::{Request, Response, Status};
 
 use super::AppState;
@@ -138,6 +141,9 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
             let cost = hits_of(d, req.hits_addend);
             for mut hit in policy.matching_domain(&req.domain, p) {
                 hit.cost = cost;
+                if let Some(o) = &d.limit {
+                    hit.limit = Some(overriding(enforcer, &policy, hit.rule, o)?);
+                }
                 hits.push(hit);
                 owner.push(i);
             }
@@ -145,6 +151,60 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
         let verdict = enforcer.decide(&hits).await;
         Ok(Response::new(response(&req, &hits, &owner, &verdict)))
     }
+}
+
+/// The limit a descriptor's `limit` override puts in place of `rule`'s: the
+/// rule's algorithm at `requests_per_unit` per `unit` (for a token bucket,
+/// with that many as its burst), its state named after the rule and the
+/// override (`per-user@100/minute`), so that each override keeps its own
+/// keys. The overrides a server keeps are bounded as the decision API's
+/// inline limits are, and with them.
+// The error is the gRPC status Envoy is answered with.
+#[allow(clippy::result_large_err)]
+fn overriding<S: Store>(
+    enforcer: &Enforcer<S>,
+    policy: &Policy,
+    rule: &Rule,
+    o: &RateLimitOverride,
+) -> Result<Arc<NamedLimit>, Status> {
+    let (unit, secs) = match RateLimitUnit::try_from(o.unit) {
+        Ok(RateLimitUnit::Second) => ("second", 1),
+        Ok(RateLimitUnit::Minute) => ("minute", 60),
+        Ok(RateLimitUnit::Hour) => ("hour", 3_600),
+        Ok(RateLimitUnit::Day) => ("day", 86_400),
+        // As Envoy's reference service counts them.
+        Ok(RateLimitUnit::Month) => ("month", 30 * 86_400),
+        Ok(RateLimitUnit::Year) => ("year", 365 * 86_400),
+        Ok(RateLimitUnit::Unknown) | Err(_) => {
+            return Err(Status::invalid_argument(format!(
+                "descriptor limit override for rule `{}` has no known unit",
+                rule.name()
+            )));
+        }
+    };
+    let limit = rule.limit();
+    let mut config = serde_json::json!({"rate": o.requests_per_unit, "period": secs});
+    if limit.shards() > 1 {
+        config["shards"] = limit.shards().into();
+    }
+    let start = match limit.algorithm() {
+        Algorithm::FixedWindow(fw) => fw.start(),
+        Algorithm::SlidingWindow(sw) => sw.start(),
+        Algorithm::TokenBucket(_) | Algorithm::SlidingLog(_) => None,
+    };
+    if let Some(start) = start {
+        config["start"] = start.as_secs_f64().into();
+    }
+    let name = format!("{}@{}/{unit}", rule.name(), o.requests_per_unit);
+    let algorithm = serde_json::Value::from(limit.algorithm().name());
+    enforcer
+        .inline_limit(policy, &name, &algorithm, &config)
+        .map_err(|e| {
+            Status::invalid_argument(format!(
+                "descriptor limit override for rule `{}`: {e}",
+                rule.name()
+            ))
+        })
 }
 
 /// A descriptor as rules see it: a request whose only parts are its
@@ -201,20 +261,20 @@ fn response(
     verdict: &Verdict,
 ) -> RateLimitResponse {
     // The verdict lists enforced rules in the order of their hits.
-    let enforced: Vec<(usize, &Rule)> = hits
+    let enforced: Vec<(usize, &RuleHit<'_>)> = hits
         .iter()
         .zip(owner)
         .filter(|(h, _)| h.rule.mode() == Enforcement::Enforce)
-        .map(|(h, &i)| (i, h.rule))
+        .map(|(h, &i)| (i, h))
         .collect();
     let refused = verdict.refusal.as_ref().map(|(rule, _)| rule.as_str());
     let statuses = (0..req.descriptors.len())
         .map(|i| {
-            let mine: Vec<(&Rule, Option<Decision>)> = enforced
+            let mine: Vec<(&RuleHit<'_>, Option<Decision>)> = enforced
                 .iter()
                 .enumerate()
                 .filter(|(_, (owner, _))| *owner == i)
-                .map(|(k, (_, rule))| (*rule, verdict.rules.get(k).map(|r| r.decision)))
+                .map(|(k, (_, hit))| (*hit, verdict.rules.get(k).map(|r| r.decision)))
                 .collect();
             status(&mine, refused)
         })
@@ -252,7 +312,7 @@ fn response(
 /// One descriptor's status from the enforced rules it matched. Without any,
 /// it is OK with no limit, as Envoy's reference service answers descriptors
 /// it has no limit for.
-fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> DescriptorStatus {
+fn status(mine: &[(&RuleHit<'_>, Option<Decision>)], refused: Option<&str>) -> DescriptorStatus {
     let Some(&(first, _)) = mine.first() else {
         return DescriptorStatus {
             code: Code::Ok as i32,
@@ -261,10 +321,10 @@ fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> Descript
     };
     // A refusal (a missing key or an impossible cost) decided before the
     // store was asked; the descriptor holding that rule is the one over.
-    if let Some(rule) = refused.and_then(|name| mine.iter().find(|(r, _)| r.name() == name)) {
+    if let Some(hit) = refused.and_then(|name| mine.iter().find(|(h, _)| h.rule.name() == name)) {
         return DescriptorStatus {
             code: Code::OverLimit as i32,
-            current_limit: Some(current_limit(rule.0)),
+            current_limit: Some(current_limit(hit.0)),
             ..DescriptorStatus::default()
         };
     }
@@ -280,14 +340,14 @@ fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> Descript
     }
     let outcome = Outcome::from_decisions(decisions.iter().copied().collect());
     let k = outcome.deciding().unwrap_or(0);
-    let (rule, d) = (mine[k].0, decisions[k]);
+    let (hit, d) = (mine[k].0, decisions[k]);
     DescriptorStatus {
         code: if outcome.allowed {
             Code::Ok
         } else {
             Code::OverLimit
         } as i32,
-        current_limit: Some(current_limit(rule)),
+        current_limit: Some(current_limit(hit)),
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(duration(d.reset)),
         ..DescriptorStatus::default()
@@ -298,8 +358,8 @@ fn status(mine: &[(&Rule, Option<Decision>)], refused: Option<&str>) -> Descript
 /// hour or day. The smallest unit that states the rate exactly wins; a rate
 /// no unit states exactly is rounded down in the first unit where it is at
 /// least one, so Envoy never advertises more than the rule admits.
-fn current_limit(rule: &Rule) -> RateLimit {
-    let per_sec = match rule.limit().algorithm() {
+fn current_limit(hit: &RuleHit<'_>) -> RateLimit {
+    let per_sec = match hit.limit().algorithm() {
         // Already per second, whatever period the rate was given over.
         Algorithm::TokenBucket(tb) => tb.rate(),
         Algorithm::FixedWindow(fw) => fw.rate() / fw.period().as_secs_f64(),
@@ -308,7 +368,7 @@ fn current_limit(rule: &Rule) -> RateLimit {
     };
     let (requests_per_unit, unit) = per_unit(per_sec);
     RateLimit {
-        name: rule.name().to_owned(),
+        name: hit.rule.name().to_owned(),
         requests_per_unit,
         unit: unit as i32,
     }
