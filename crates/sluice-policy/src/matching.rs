@@ -48,7 +48,8 @@ impl RuleHit<'_> {
     /// ```
     /// use sluice_policy::{Policy, RequestParts};
     /// let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 3}}]", "p").unwrap();
-    /// let hit = p.matching(&RequestParts::new("GET", "/")).next().unwrap();
+    /// let req = RequestParts::new("GET", "/");
+    /// let hit = p.matching(&req).next().unwrap();
     /// assert_eq!(hit.limit().name(), "r");
     /// ```
     pub fn limit(&self) -> &Limit {
