@@ -8,7 +8,7 @@ use parking_lot::Mutex;
 use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Store, StoreError};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Request, Rule, RuleHit};
 
-use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits};
+use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::Meters;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
@@ -49,6 +49,9 @@ pub struct Enforcer<S> {
     picks: Option<Mutex<fastrand::Rng>>,
     /// The limits calls have supplied with themselves.
     inline: InlineLimits,
+    /// The limits that requests' overrides put in place of a rule's, kept
+    /// apart so that neither kind can use up the other's room.
+    overrides: InlineLimits,
 }
 
 impl<S: Store> Enforcer<S> {
@@ -68,15 +71,18 @@ impl<S: Store> Enforcer<S> {
             meters: Meters::default(),
             picks: None,
             inline: InlineLimits::new(DEFAULT_MAX_INLINE_LIMITS),
+            overrides: InlineLimits::new(DEFAULT_MAX_INLINE_LIMITS),
         }
     }
 
-    /// The same enforcer, keeping at most `max` inline limit names (256
-    /// unless told otherwise): see [`Enforcer::inline_limit`].
+    /// The same enforcer, keeping at most `max` inline limit names, and as
+    /// many overrides (256 each unless told otherwise): see
+    /// [`Enforcer::inline_limit`] and [`Enforcer::override_limit`].
     #[must_use]
     pub fn with_max_inline_limits(self, max: usize) -> Self {
         Enforcer {
             inline: InlineLimits::new(max),
+            overrides: InlineLimits::new(max),
             ..self
         }
     }
@@ -91,7 +97,9 @@ impl<S: Store> Enforcer<S> {
     /// again with the same configuration is not checked again, and keeps
     /// at most a bounded number of names: each is a table in the memory
     /// store and a label in the metrics. A name given with a new
-    /// configuration takes it, and its keys keep their state.
+    /// configuration takes it, and its keys keep their state. A name is
+    /// 1 to 128 ASCII letters, digits, `_`, `.` and `-`, and none of the
+    /// policy's: it cannot spell another limit's state.
     ///
     /// ```
     /// # use sluice_core::{MemoryStore, Mode};
@@ -116,7 +124,23 @@ impl<S: Store> Enforcer<S> {
         algorithm: &serde_json::Value,
         algorithm_config: &serde_json::Value,
     ) -> Result<Arc<NamedLimit>, InlineError> {
+        check_name(name)?;
         self.inline.get(policy, name, algorithm, algorithm_config)
+    }
+
+    /// A limit that a request's override puts in place of one of
+    /// `policy`'s rules for that request (an Envoy descriptor's `limit`):
+    /// as [`Enforcer::inline_limit`], under a name the caller makes from
+    /// the rule and the override, and bounded apart from the inline limits.
+    pub fn override_limit(
+        &self,
+        policy: &Policy,
+        name: &str,
+        algorithm: &serde_json::Value,
+        algorithm_config: &serde_json::Value,
+    ) -> Result<Arc<NamedLimit>, InlineError> {
+        self.overrides
+            .get(policy, name, algorithm, algorithm_config)
     }
 
     /// The limit named `name`: `policy`'s, or else the inline limit last
@@ -134,10 +158,15 @@ impl<S: Store> Enforcer<S> {
     /// assert_eq!(e.limit_named(&policy, "quota").unwrap().name(), "quota");
     /// ```
     pub fn limit_named(&self, policy: &Policy, name: &str) -> Option<Arc<NamedLimit>> {
-        match policy.named_limit(name) {
-            Some(named) => Some(Arc::new(named.clone())),
-            None => self.inline.named(name),
+        if let Some(named) = policy.named_limit(name) {
+            return Some(Arc::new(named.clone()));
         }
+        // A rule that a reload named as an inline limit was: the inline
+        // configuration no longer describes that state.
+        if policy.rules().iter().any(|r| r.name() == name) {
+            return None;
+        }
+        self.inline.named(name)
     }
 
     /// The same enforcer, choosing hot-key shards from a generator seeded

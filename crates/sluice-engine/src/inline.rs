@@ -15,6 +15,9 @@ use sluice_policy::{NamedLimit, Policy};
 /// How many inline limit names an enforcer keeps unless told otherwise.
 pub const DEFAULT_MAX_INLINE_LIMITS: usize = 256;
 
+/// The longest name an inline limit may have.
+pub const MAX_INLINE_NAME: usize = 128;
+
 /// Why an inline limit was refused.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -25,6 +28,11 @@ pub enum InlineError {
     /// The name is a limit or a rule of the policy: an inline limit of the
     /// same name would share and reconfigure its state.
     NamedInPolicy(String),
+    /// The name is empty, too long, or has a character other than ASCII
+    /// letters, digits, `_`, `.` and `-`. Others could spell another
+    /// limit's state: a store writes a sharded limit's keys as
+    /// `<name>:<shard>`, and an Envoy override's as `<rule>@<count>/<unit>`.
+    BadName(String),
     /// As many names as the enforcer keeps are taken, and this is a new one.
     Full(usize),
 }
@@ -33,6 +41,11 @@ impl fmt::Display for InlineError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             InlineError::Invalid(why) => f.write_str(why),
+            InlineError::BadName(name) => write!(
+                f,
+                "an inline limit's name is 1 to {MAX_INLINE_NAME} ASCII letters, digits, \
+                 `_`, `.` or `-`, not {name:?}"
+            ),
             InlineError::NamedInPolicy(name) => write!(
                 f,
                 "{name:?} is a limit or rule of the policy; call it without `algorithm` \
@@ -89,19 +102,23 @@ impl InlineLimits {
             "{:?} {algorithm} {algorithm_config}",
             policy.on_store_error()
         );
-        let mut by_name = self.by_name.lock();
-        if let Some(known) = by_name.get(name)
-            && known.given == given
         {
-            return Ok(Arc::clone(&known.limit));
+            let by_name = self.by_name.lock();
+            match by_name.get(name) {
+                Some(known) if known.given == given => return Ok(Arc::clone(&known.limit)),
+                None if by_name.len() >= self.max => return Err(InlineError::Full(self.max)),
+                _ => {}
+            }
         }
-        if !by_name.contains_key(name) && by_name.len() >= self.max {
-            return Err(InlineError::Full(self.max));
-        }
+        // Checked without the lock, which other calls are waiting on.
         let limit = Arc::new(
             NamedLimit::inline(policy, name, algorithm, algorithm_config)
                 .map_err(InlineError::Invalid)?,
         );
+        let mut by_name = self.by_name.lock();
+        if !by_name.contains_key(name) && by_name.len() >= self.max {
+            return Err(InlineError::Full(self.max));
+        }
         by_name.insert(
             name.to_owned(),
             Inline {
@@ -119,4 +136,13 @@ impl InlineLimits {
             .get(name)
             .map(|known| Arc::clone(&known.limit))
     }
+}
+
+/// Whether `name` may name an inline limit (see [`InlineError::BadName`]).
+pub(crate) fn check_name(name: &str) -> Result<(), InlineError> {
+    let fine = |c: char| c.is_ascii_alphanumeric() || matches!(c, '_' | '.' | '-');
+    if name.is_empty() || name.len() > MAX_INLINE_NAME || !name.chars().all(fine) {
+        return Err(InlineError::BadName(name.to_owned()));
+    }
+    Ok(())
 }

@@ -41,6 +41,6 @@ mod verdict;
 mod verified;
 
 pub use enforcer::Enforcer;
-pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError};
+pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

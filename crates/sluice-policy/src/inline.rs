@@ -2,6 +2,8 @@
 //! caller whose billing database holds each customer's quota supplies them.
 
 use serde_json::Value;
+use sluice_core::Algorithm;
+use sluice_core::sliding::MAX_LOG_ENTRIES;
 
 use crate::builder::on_store_error;
 use crate::policy::{NamedLimit, Policy};
@@ -37,9 +39,22 @@ impl NamedLimit {
             "limits": {name: {"algorithm": algorithm, "algorithm_config": algorithm_config}},
         });
         let compiled = Policy::from_str(&document.to_string(), "inline").map_err(|e| e.message)?;
-        compiled
+        let named = compiled
             .named_limit(name)
             .cloned()
-            .ok_or_else(|| format!("no limit named {name:?} was made"))
+            .ok_or_else(|| format!("no limit named {name:?} was made"))?;
+        // What a policy file is warned of, a caller is refused: a log this
+        // long costs the store time and memory on every call, and whoever
+        // wrote it is not there to read a warning.
+        if let Algorithm::SlidingLog(sl) = named.limit().shard_algorithm()
+            && sl.rate() > MAX_LOG_ENTRIES as f64
+        {
+            return Err(format!(
+                "a sliding_log brought with a call logs at most {MAX_LOG_ENTRIES} calls a key \
+                 (a rate of {} per shard is more); use a sliding_window, or shards",
+                sl.rate()
+            ));
+        }
+        Ok(named)
     }
 }

@@ -453,16 +453,26 @@ async fn a_descriptors_limit_override_takes_the_rules_place_for_that_descriptor(
     )
     .await;
     assert_eq!(r.statuses[0].limit_remaining, 9);
-    // An override without a unit is refused.
-    let mut bad = descriptor(&[("user", "u1")]);
-    bad.limit = Some(RateLimitOverride {
-        requests_per_unit: 5,
-        unit: RateLimitUnit::Unknown as i32,
-    });
-    let e = c
-        .should_rate_limit(request("edge", vec![bad], 0))
-        .await
-        .unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
-    assert!(e.message().contains("no known unit"), "{}", e.message());
+    // An override the server cannot use (no unit; a count of 0, which no
+    // algorithm takes) leaves the rule's own limit in force.
+    for (count, unit) in [(5, RateLimitUnit::Unknown), (0, RateLimitUnit::Minute)] {
+        let mut bad = descriptor(&[("user", "u1")]);
+        bad.limit = Some(RateLimitOverride {
+            requests_per_unit: count,
+            unit: unit as i32,
+        });
+        let r = ask(&mut c, request("edge", vec![bad], 0)).await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let limit = r.statuses[0].current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.requests_per_unit, limit.unit),
+            (10, Unit::Minute as i32)
+        );
+    }
+    let r = ask(
+        &mut c,
+        request("edge", vec![descriptor(&[("user", "u1")])], 0),
+    )
+    .await;
+    assert_eq!(r.statuses[0].limit_remaining, 6);
 }

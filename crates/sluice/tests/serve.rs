@@ -179,6 +179,21 @@ async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
         detail.contains("is a limit or rule of the policy"),
         "{detail}"
     );
+    // A name that could spell another limit's state in a store (a sharded
+    // limit's `sendMessage:0`, an Envoy override's `rule@2/hour`) is
+    // refused, as are a log too long to keep and an empty name.
+    for name in ["sendMessage:0", "per-ip@2/hour", "", "a b"] {
+        let (st, detail, _) = bring("/v1/limit", name, serde_json::json!({"rps": 1})).await;
+        assert_eq!(st, 422, "{name:?}");
+        assert!(detail.contains("an inline limit's name is"), "{detail}");
+    }
+    let long_log = serde_json::json!({"limit": "l", "key": "k", "algorithm": "sliding_log", "algorithm_config": {"rate": 100000, "period": "1h"}});
+    let (st, _, j) = call(&s, "POST", "/v1/limit", long_log.to_string(), None).await;
+    assert_eq!(st, 422);
+    assert!(
+        j["detail"].as_str().unwrap().contains("logs at most 16384"),
+        "{j}"
+    );
     // Settings without the algorithm they configure.
     let orphan = r#"{"limit": "a", "key": "k", "algorithm_config": {"rps": 1}}"#;
     assert_eq!(call(&s, "POST", "/v1/limit", orphan, None).await.0, 422);

@@ -14,7 +14,8 @@
 --     Deleted once empty.
 -- The TTL of a sliding state is the time until it has counted nothing. A
 -- state of another length than its limit's kind keeps (the limit changed
--- kind) is read as no state, as the memory store forgets it.
+-- kind) is read as no state; docs/semantics.md says how that differs from
+-- the memory store.
 --
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,

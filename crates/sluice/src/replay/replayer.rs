@@ -32,7 +32,12 @@ impl Replayer<MemoryStore<FakeClock>> {
         {
             store = store.with_max_keys(*max);
         }
-        Replayer::with_enforcer(Enforcer::new(policy, store).with_seed(seed), clock)
+        // A recorded run brought as many inline limits as its server kept,
+        // which may be more than the default: an offline replay keeps all.
+        let enforcer = Enforcer::new(policy, store)
+            .with_seed(seed)
+            .with_max_inline_limits(usize::MAX);
+        Replayer::with_enforcer(enforcer, clock)
     }
 }
 

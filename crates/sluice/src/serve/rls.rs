@@ -142,7 +142,7 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
             for mut hit in policy.matching_domain(&req.domain, p) {
                 hit.cost = cost;
                 if let Some(o) = &d.limit {
-                    hit.limit = Some(overriding(enforcer, &policy, hit.rule, o)?);
+                    hit.limit = overriding(enforcer, &policy, hit.rule, o);
                 }
                 hits.push(hit);
                 owner.push(i);
@@ -157,16 +157,23 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
 /// rule's algorithm at `requests_per_unit` per `unit` (for a token bucket,
 /// with that many as its burst), its state named after the rule and the
 /// override (`per-user@100/minute`), so that each override keeps its own
-/// keys. The overrides a server keeps are bounded as the decision API's
-/// inline limits are, and with them.
-// The error is the gRPC status Envoy is answered with.
-#[allow(clippy::result_large_err)]
+/// keys. An override the server cannot use (no known unit, a count the
+/// rule's algorithm refuses, or one more than the server keeps) leaves the
+/// rule's own limit in force, rather than fail the call and so let Envoy
+/// admit every descriptor of it; it is counted in
+/// `sluice_rls_overrides_ignored_total`.
 fn overriding<S: Store>(
     enforcer: &Enforcer<S>,
     policy: &Policy,
     rule: &Rule,
     o: &RateLimitOverride,
-) -> Result<Arc<NamedLimit>, Status> {
+) -> Option<Arc<NamedLimit>> {
+    let ignored = |why: &str| {
+        tracing::debug!(rule = rule.name(), why, "descriptor limit override ignored");
+        metrics::counter!("sluice_rls_overrides_ignored_total", "rule" => rule.name().to_owned())
+            .increment(1);
+        None
+    };
     let (unit, secs) = match RateLimitUnit::try_from(o.unit) {
         Ok(RateLimitUnit::Second) => ("second", 1),
         Ok(RateLimitUnit::Minute) => ("minute", 60),
@@ -175,12 +182,7 @@ fn overriding<S: Store>(
         // As Envoy's reference service counts them.
         Ok(RateLimitUnit::Month) => ("month", 30 * 86_400),
         Ok(RateLimitUnit::Year) => ("year", 365 * 86_400),
-        Ok(RateLimitUnit::Unknown) | Err(_) => {
-            return Err(Status::invalid_argument(format!(
-                "descriptor limit override for rule `{}` has no known unit",
-                rule.name()
-            )));
-        }
+        Ok(RateLimitUnit::Unknown) | Err(_) => return ignored("no known unit"),
     };
     let limit = rule.limit();
     let mut config = serde_json::json!({"rate": o.requests_per_unit, "period": secs});
@@ -197,14 +199,10 @@ fn overriding<S: Store>(
     }
     let name = format!("{}@{}/{unit}", rule.name(), o.requests_per_unit);
     let algorithm = serde_json::Value::from(limit.algorithm().name());
-    enforcer
-        .inline_limit(policy, &name, &algorithm, &config)
-        .map_err(|e| {
-            Status::invalid_argument(format!(
-                "descriptor limit override for rule `{}`: {e}",
-                rule.name()
-            ))
-        })
+    match enforcer.override_limit(policy, &name, &algorithm, &config) {
+        Ok(brought) => Some(brought),
+        Err(e) => ignored(&e.to_string()),
+    }
 }
 
 /// A descriptor as rules see it: a request whose only parts are its
