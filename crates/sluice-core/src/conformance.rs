@@ -64,6 +64,7 @@ pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
     sliding_reset_and_value(store, clock).await;
     sliding_log_sums_what_is_left_afresh(store, clock).await;
     sliding_same_key_twice_pays_twice(store, clock).await;
+    a_change_of_kind_never_grants_a_burst(store, clock).await;
     sliding_agrees_with_the_pure_algorithm(store, clock).await;
     transactions_agree_with_the_memory_store(store, clock).await;
 }
@@ -542,6 +543,37 @@ pub async fn sliding_same_key_twice_pays_twice<St: Store>(store: &St, clock: &Fa
         assert!(o.allowed, "{o:?}");
         assert_eq!(o.decisions[1].remaining, 0, "{o:?}");
         assert_eq!(store.value(&l, "k").await.unwrap().tokens, 0.0);
+    }
+}
+
+/// A limit whose algorithm changes kind under the same name (a reload, or
+/// a call that brings its own limit) cannot carry its keys' state over;
+/// a key that still counted something comes back counting as much as any
+/// state of the new kind could, never full: denied at once after a key
+/// was exhausted under the old kind, whichever the direction.
+pub async fn a_change_of_kind_never_grants_a_burst<St: Store>(store: &St, _clock: &FakeClock) {
+    let log: Algorithm = SlidingLog::per_period(2.0, Nanos(10 * S)).unwrap().into();
+    let bucket: Algorithm = tb(0.2, 2.0).into();
+    let window: Algorithm = SlidingWindow::per_period(2.0, Nanos(10 * S))
+        .unwrap()
+        .into();
+    for (i, (from, to)) in [
+        (log, bucket),
+        (bucket, log),
+        (bucket, window),
+        (window, log),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let name = format!("conf-kind-{i}");
+        let (old, new) = (Limit::new(name.clone(), from), Limit::new(name, to));
+        assert!(one(store, &old, "k", 2.0, Mode::CONSUME).await.allowed);
+        assert!(!one(store, &old, "k", 1.0, Mode::CHECK).await.allowed);
+        let d = one(store, &new, "k", 1.0, Mode::CONSUME).await;
+        assert!(!d.allowed, "{} to {}: {d:?}", from.name(), to.name());
+        let left = store.value(&new, "k").await.unwrap().tokens;
+        assert!(left < 1.0, "{} to {}: {left} left", from.name(), to.name());
     }
 }
 

@@ -14,8 +14,8 @@
 --     Deleted once empty.
 -- The TTL of a sliding state is the time until it has counted nothing. A
 -- state of another length than its limit's kind keeps (the limit changed
--- kind) is read as no state; docs/semantics.md says how that differs from
--- the memory store.
+-- kind) comes back as the fullest state of the new kind that counts
+-- nothing by the end of its TTL (see ghost_end).
 --
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
@@ -188,6 +188,39 @@ local function commit(k, t, ts, l)
   raw[k] = false
 end
 
+-- A key whose state is of another kind than its limit now keeps (the limit
+-- changed kind) comes back as the fullest state of the new kind that has
+-- counted nothing by the time the old one would have (its TTL), as the
+-- memory store brings back a key it forgot: a change of kind never grants
+-- a burst. The time, in units, until which the old state counts:
+local function ghost_end(k)
+  local ms = call('PTTL', keys[k])
+  if ms <= 0 then return nil end
+  local u = ms * 1000000 / unit
+  local c = u - u % 1
+  if c < u then c = c + 1 end
+  return now + c
+end
+
+-- The token bucket or fixed window ghost of key k, into tok and tsv.
+local function flat_ghost(k, l, origin)
+  blob[k] = nil
+  local e = ghost_end(k)
+  if not e then return end
+  local span = e - now
+  if kind[l] == 1 then
+    -- One nanosecond more, as sluice-core's least_tokens rounds.
+    tok[k], tsv[k] = p3[l] - (span * unit + 1) * p1[l] / p2[l], now
+  else
+    local w = span / p2[l]
+    local b = w - w % 1
+    if b < w then b = b + 1 end
+    tok[k] = p3[l] - p1[l] * b
+    tsv[k] = origin + idiv(now - origin, p2[l]) * p2[l]
+  end
+  raw[k] = false
+end
+
 local PICK = {[0] = '\0', [1] = '\1'}
 local SAW = {[0] = '\2', [1] = '\3'}
 -- A lone op's verdict byte and its own byte, which follow each other.
@@ -207,12 +240,24 @@ end
 -- Sliding window states: wgot[k] is nil before the key is decoded, false
 -- for no state, true for the state in wcur, wws, wprev.
 local wgot, wcur, wws, wprev = {}, {}, {}, {}
-local function window_of(k)
+local function window_of(k, l, origin)
   local got = wgot[k]
   if got == nil then
     local v = blob[k]
     got = v ~= nil and #v == 24
-    if got then wcur[k], wws[k], wprev[k] = unpack_s('<ddd', v) end
+    if got then
+      wcur[k], wws[k], wprev[k] = unpack_s('<ddd', v)
+    elseif v or tok[k] then
+      -- sliding_window's window_emptiest: the whole rate counted in the
+      -- window two periods before the first boundary at or after the end.
+      local e = ghost_end(k)
+      if e then
+        local p = p2[l]
+        local boundary = origin + idiv(e - 1 - origin, p) * p + p
+        got = true
+        wcur[k], wws[k], wprev[k] = p1[l], boundary - 2 * p, 0
+      end
+    end
     wgot[k] = got
   end
   if got then return true, wcur[k], wws[k], wprev[k] end
@@ -254,7 +299,7 @@ end
 -- Sliding logs: lent[k] is nil before the key is decoded, else its entries
 -- (16 bytes each), with lused[k] and linex[k] from the header.
 local lent, lused, linex = {}, {}, {}
-local function log_of(k)
+local function log_of(k, l)
   local e = lent[k]
   if e == nil then
     local v = blob[k]
@@ -263,6 +308,14 @@ local function log_of(k)
       e = string.sub(v, 10)
     else
       e, lused[k], linex[k] = '', 0, 0
+      local ends = (v or tok[k]) and ghost_end(k)
+      if ends then
+        -- Log::emptiest: the whole rate, logged a period before the end
+        -- (or now, if that is earlier).
+        local t = ends - p2[l]
+        if t > now then t = now end
+        e, lused[k] = pack_s('<dd', t, p1[l]), p1[l]
+      end
     end
     lent[k] = e
   end
@@ -320,7 +373,7 @@ end
 -- Log::read: the reading of key k's log for a call of cost after pending,
 -- as at, used, newest (false if none), frees_at.
 local function log_read(k, l, pending, cost)
-  local e, used, inexact = log_of(k)
+  local e, used, inexact = log_of(k, l)
   local at = log_at(e)
   local n = #e / 16
   local live = expired(e, at - p2[l])
@@ -349,7 +402,7 @@ end
 -- Log::commit: logs cost at now (at the newest entry's time if later),
 -- after dropping the entries that have left.
 local function log_commit(k, l, cost)
-  local e, used, inexact = log_of(k)
+  local e, used, inexact = log_of(k, l)
   local at = log_at(e)
   local gone = expired(e, at - p2[l])
   if gone > 0 then
@@ -386,12 +439,12 @@ local pwin, pworder, plog, plist, nplist
 
 -- The window state op key k sees: its transaction's pending one, or the
 -- committed one.
-local function window_seen(k)
+local function window_seen(k, l, origin)
   if pwin and pwin[k] then
     local w = pwin[k]
     return true, w[2], w[1], w[3]
   end
-  return window_of(k)
+  return window_of(k, l, origin)
 end
 
 -- An op on a sliding limit: picks the fuller of its keys, decides, keeps
@@ -402,7 +455,7 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
   local pick, k = 0, a
   if kind[l] == 3 then
     local function state(x)
-      local has, cur, ws, prev = window_seen(x)
+      local has, cur, ws, prev = window_seen(x, l, origin)
       local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
       return has, cur, ws, prev, rws, rcur, rprev, rate - (weighted(l, rws, rprev) + rcur)
     end
@@ -471,6 +524,7 @@ for i = 0, nops - 1 do
   if ctl >= 12 and ctl < 16 and kind[l] == 1 then
     -- A transaction of one op on one token-bucket key, nearly every call:
     -- the general case below, with what cannot happen here left out.
+    if not tok[a] and blob[a] then flat_ghost(a, l, 0) end
     local st, sts = tok[a], tsv[a]
     local avail, ts
     if st then
@@ -534,11 +588,21 @@ for i = 0, nops - 1 do
     else
       local k, pick = a, 0
       local st, sts, seen
-      if ptok and ptok[a] then st, sts = ptok[a], pts[a] else st, sts, seen = tok[a], tsv[a], raw[a] end
+      if ptok and ptok[a] then
+        st, sts = ptok[a], pts[a]
+      else
+        if not tok[a] and blob[a] then flat_ghost(a, l, origin) end
+        st, sts, seen = tok[a], tsv[a], raw[a]
+      end
       local avail, ts = advance(l, st, sts, origin)
       if b ~= a then
         local sb, sbts, seenb
-        if ptok and ptok[b] then sb, sbts = ptok[b], pts[b] else sb, sbts, seenb = tok[b], tsv[b], raw[b] end
+        if ptok and ptok[b] then
+          sb, sbts = ptok[b], pts[b]
+        else
+          if not tok[b] and blob[b] then flat_ghost(b, l, origin) end
+          sb, sbts, seenb = tok[b], tsv[b], raw[b]
+        end
         local availb, tsb = advance(l, sb, sbts, origin)
         if availb > avail then
           k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
