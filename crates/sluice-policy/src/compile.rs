@@ -30,6 +30,13 @@ pub(crate) const MAX_SHARDS: u32 = 1024;
 /// well enough for the limit to mean what it says.
 const MIN_PERIOD: Nanos = Nanos(Nanos::PER_SEC / 1_000);
 
+/// Periods and window alignments are kept to whole microseconds, the
+/// resolution of Redis's clock: finer, a window could not open at the same
+/// instant on every store, and the Redis store refuses it.
+fn whole_micros(field: &str) -> String {
+    format!("`{field}` must be a whole number of microseconds")
+}
+
 /// The slowest refill: one token in ten years. Slower is almost surely a
 /// slip of the exponent, and its waits no longer fit in a timestamp.
 const MAX_SECS_PER_TOKEN: f64 = 10.0 * 365.0 * 24.0 * 3600.0;
@@ -489,6 +496,7 @@ fn rate(config: &Spanned<RawConfig>, warnings: &mut Vec<Invalid>) -> Result<Rate
         Some(p) if p.value.0 < MIN_PERIOD => {
             return Err(at(p, "`period` must be at least 1ms"));
         }
+        Some(p) if p.value.0.0 % 1_000 != 0 => return Err(at(p, whole_micros("period"))),
         Some(p) => p.value.0,
     };
     let secs_per_token = period.as_secs_f64() / tokens;
@@ -559,6 +567,9 @@ fn fixed_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource
         if s.value.0.0 < 0 {
             return Err(at(s, "`start` must not be negative"));
         }
+        if s.value.0.0 % 1_000 != 0 {
+            return Err(at(s, whole_micros("start")));
+        }
         fw = fw.with_start(s.value.0);
     }
     if let Some(m) = &c.max_reserved {
@@ -608,6 +619,9 @@ fn sliding_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySour
     if let Some(s) = &c.start {
         if s.value.0.0 < 0 {
             return Err(at(s, "`start` must not be negative"));
+        }
+        if s.value.0.0 % 1_000 != 0 {
+            return Err(at(s, whole_micros("start")));
         }
         sw = sw.with_start(s.value.0);
     }

@@ -460,6 +460,12 @@ fn absurd_values_are_refused_at_their_position() {
         // A rate whose one token takes longer than ten years.
         ("{rps: 5e-324}", 29, "one token in ten years"),
         ("{rate: 1, period: 1ns}", 41, "at least 1ms"),
+        // Finer than Redis's clock can keep.
+        (
+            "{rate: 1, period: 1000001ns}",
+            41,
+            "`period` must be a whole number of microseconds",
+        ),
         // More tokens than a double counts exactly.
         ("{rps: 5, burst: 1e300}", 39, "counted exactly"),
         ("{rps: 5, max_reserved: 1e17}", 46, "counted exactly"),
@@ -467,6 +473,14 @@ fn absurd_values_are_refused_at_their_position() {
     for (config, column, needle) in cases {
         assert_err(&named(config), 4, column, needle);
     }
+    let window = "limits:\n  l:\n    algorithm: fixed_window\n    \
+                  algorithm_config: {rate: 1, period: 1s, start: 1500ns}\n";
+    assert_err(
+        window,
+        4,
+        52,
+        "`start` must be a whole number of microseconds",
+    );
 }
 
 #[test]
