@@ -517,6 +517,15 @@ end
 -- (several ops only) its pending writes, which its own later ops see.
 local head, ok
 local ptok, pts, plim, porder, npend
+
+-- What key x holds for op limit l: its transaction's pending state, or
+-- the committed one (brought back first if it was of another kind), with
+-- the value as read when that is still the state.
+local function flat_read(x, l, origin)
+  if ptok and ptok[x] then return ptok[x], pts[x], nil end
+  if not tok[x] and blob[x] then flat_ghost(x, l, origin) end
+  return tok[x], tsv[x], raw[x]
+end
 local nx = 0
 for i = 0, nops - 1 do
   local f = i * 4
@@ -587,22 +596,10 @@ for i = 0, nops - 1 do
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
     else
       local k, pick = a, 0
-      local st, sts, seen
-      if ptok and ptok[a] then
-        st, sts = ptok[a], pts[a]
-      else
-        if not tok[a] and blob[a] then flat_ghost(a, l, origin) end
-        st, sts, seen = tok[a], tsv[a], raw[a]
-      end
+      local st, sts, seen = flat_read(a, l, origin)
       local avail, ts = advance(l, st, sts, origin)
       if b ~= a then
-        local sb, sbts, seenb
-        if ptok and ptok[b] then
-          sb, sbts = ptok[b], pts[b]
-        else
-          if not tok[b] and blob[b] then flat_ghost(b, l, origin) end
-          sb, sbts, seenb = tok[b], tsv[b], raw[b]
-        end
+        local sb, sbts, seenb = flat_read(b, l, origin)
         local availb, tsb = advance(l, sb, sbts, origin)
         if availb > avail then
           k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
