@@ -450,24 +450,27 @@ end
 -- An op on a sliding limit: picks the fuller of its keys, decides, keeps
 -- or commits what it admits, and appends what it saw to the reply.
 -- Returns whether it was admitted.
+-- Key x's window under op limit l: as seen, rolled on to now, and the
+-- previous window's count weighted at now.
+local function window_state(x, l, origin)
+  local has, cur, ws, prev = window_seen(x, l, origin)
+  local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
+  return has, cur, ws, prev, rws, rcur, rprev, weighted(l, rws, rprev)
+end
+
 local function sliding_op(ctl, a, b, l, cost, origin, single)
   local rate = p1[l]
   local pick, k = 0, a
   if kind[l] == 3 then
-    local function state(x)
-      local has, cur, ws, prev = window_seen(x, l, origin)
-      local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
-      return has, cur, ws, prev, rws, rcur, rprev, rate - (weighted(l, rws, rprev) + rcur)
-    end
-    local has, cur, ws, prev, rws, rcur, rprev, tokens = state(a)
+    local has, cur, ws, prev, rws, rcur, rprev, w = window_state(a, l, origin)
     if b ~= a then
-      local hb, cb, wsb, pb, rwsb, rcb, rpb, tb = state(b)
-      if tb > tokens then
+      local hb, cb, wsb, pb, rwsb, rcb, rpb, wb = window_state(b, l, origin)
+      if rate - (wb + rcb) > rate - (w + rcur) then
         pick, k = 1, b
-        has, cur, ws, prev, rws, rcur, rprev = hb, cb, wsb, pb, rwsb, rcb, rpb
+        has, cur, ws, prev, rws, rcur, rprev, w = hb, cb, wsb, pb, rwsb, rcb, rpb, wb
       end
     end
-    local allowed = weighted(l, rws, rprev) + rcur + cost <= rate
+    local allowed = w + rcur + cost <= rate
     if allowed then
       if single then
         if ctl % 2 == 1 then window_commit(k, l, rws, rcur + cost, rprev) end
@@ -484,18 +487,16 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
     end
     return allowed
   end
-  local function pend(x) return plog and plog[x] or 0 end
-  local pa = pend(a)
+  local pa = plog and plog[a] or 0
+  local at, used, newest, frees = log_read(a, l, pa, cost)
   if b ~= a then
-    local pb = pend(b)
-    local _, ua = log_read(a, l, pa, cost)
-    local _, ub = log_read(b, l, pb, cost)
-    local ta, tb = rate - ua, rate - ub
+    local pb = plog and plog[b] or 0
+    local atb, ub, nb, fb = log_read(b, l, pb, cost)
+    local ta, tb = rate - used, rate - ub
     if plog and plog[a] then ta = ta - pa end
     if plog and plog[b] then tb = tb - pb end
-    if tb > ta then pick, k, pa = 1, b, pb end
+    if tb > ta then pick, k, pa, at, used, newest, frees = 1, b, pb, atb, ub, nb, fb end
   end
-  local at, used, newest, frees = log_read(k, l, pa, cost)
   local with = used
   if pa > 0 then with = used + pa end
   local allowed = with + cost <= rate
