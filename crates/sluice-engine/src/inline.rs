@@ -10,6 +10,7 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 use serde_json::Value;
+use sluice_core::OnStoreError;
 use sluice_policy::{NamedLimit, Policy};
 
 /// How many inline limit names an enforcer keeps unless told otherwise.
@@ -64,8 +65,25 @@ impl std::error::Error for InlineError {}
 
 /// One name's configuration as last given, and the limit made of it.
 struct Inline {
-    given: String,
+    /// The policy's `on_store_error` is part of what is made, and a reload
+    /// may change it.
+    on_store_error: OnStoreError,
+    algorithm: Value,
+    algorithm_config: Value,
     limit: Arc<NamedLimit>,
+}
+
+impl Inline {
+    fn is(
+        &self,
+        on_store_error: OnStoreError,
+        algorithm: &Value,
+        algorithm_config: &Value,
+    ) -> bool {
+        self.on_store_error == on_store_error
+            && self.algorithm == *algorithm
+            && self.algorithm_config == *algorithm_config
+    }
 }
 
 /// The inline limits seen so far, by name.
@@ -96,16 +114,13 @@ impl InlineLimits {
         if policy.named_limit(name).is_some() || policy.rules().iter().any(|r| r.name() == name) {
             return Err(InlineError::NamedInPolicy(name.to_owned()));
         }
-        // The policy's on_store_error is part of what is made, and a reload
-        // may change it.
-        let given = format!(
-            "{:?} {algorithm} {algorithm_config}",
-            policy.on_store_error()
-        );
+        let on_store_error = policy.on_store_error();
         {
             let by_name = self.by_name.lock();
             match by_name.get(name) {
-                Some(known) if known.given == given => return Ok(Arc::clone(&known.limit)),
+                Some(known) if known.is(on_store_error, algorithm, algorithm_config) => {
+                    return Ok(Arc::clone(&known.limit));
+                }
                 None if by_name.len() >= self.max => return Err(InlineError::Full(self.max)),
                 _ => {}
             }
@@ -122,7 +137,9 @@ impl InlineLimits {
         by_name.insert(
             name.to_owned(),
             Inline {
-                given,
+                on_store_error,
+                algorithm: algorithm.clone(),
+                algorithm_config: algorithm_config.clone(),
                 limit: Arc::clone(&limit),
             },
         );
