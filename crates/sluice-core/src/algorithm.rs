@@ -13,6 +13,7 @@
 
 use crate::config::{Algorithm, FixedWindow, Limit, TokenBucket};
 use crate::decision::{Decision, Value};
+use crate::store::Settle;
 use crate::time::Nanos;
 
 const NS: f64 = Nanos::PER_SEC as f64;
@@ -292,6 +293,36 @@ pub fn unspent(
         reset: idle.reset,
         ..d
     }
+}
+
+/// The state of a key after settling `change` at `now`: refilled (or rolled
+/// over) to `now`, then given tokens back up to the capacity at most, or
+/// charged without a floor.
+///
+/// ```
+/// use sluice_core::{Algorithm, Nanos, Settle, TokenBucket, algorithm::{settle, State}};
+/// let tb = Algorithm::from(TokenBucket::new(1.0, 1000.0).unwrap());
+/// let s = Some(State { tokens: 0.0, ts: Nanos(0) });
+/// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Refund(600.0)).tokens, 600.0);
+/// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Refund(6000.0)).tokens, 1000.0);
+/// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Charge(50.0)).tokens, -50.0);
+/// ```
+pub fn settle(
+    alg: &Algorithm,
+    state: Option<State>,
+    offset: i64,
+    now: Nanos,
+    change: Settle,
+) -> State {
+    let s = match alg {
+        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
+        _ => fw_roll(&alg.as_fixed(), state, offset, now),
+    };
+    let tokens = match change {
+        Settle::Refund(n) => (s.tokens + n).min(alg.capacity()),
+        Settle::Charge(n) => s.tokens - n,
+    };
+    State { tokens, ts: s.ts }
 }
 
 /// The key's tokens and time at `now`, without changing anything.

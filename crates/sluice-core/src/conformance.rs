@@ -25,7 +25,7 @@ use crate::algorithm::{State, evaluate, key_offset};
 use crate::sliding::{Log, WindowState, window_evaluate};
 use crate::{
     Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos,
-    Op, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
+    Op, Settle, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -53,6 +53,7 @@ pub async fn run_token_bucket_and_fixed_window<St: Store>(store: &St, clock: &Fa
     backward_clock_credits_nothing(store, clock).await;
     shards_admit_the_whole_burst(store, clock).await;
     agrees_with_the_pure_algorithm(store, clock).await;
+    settling_refunds_up_to_capacity_and_charges_below_zero(store, clock).await;
 }
 
 /// The checks of the sliding window and the sliding log.
@@ -65,6 +66,7 @@ pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
     sliding_log_sums_what_is_left_afresh(store, clock).await;
     sliding_same_key_twice_pays_twice(store, clock).await;
     a_change_of_kind_never_grants_a_burst(store, clock).await;
+    sliding_settles_like_the_others(store, clock).await;
     sliding_agrees_with_the_pure_algorithm(store, clock).await;
     transactions_agree_with_the_memory_store(store, clock).await;
 }
@@ -597,6 +599,128 @@ pub async fn sliding_log_sums_what_is_left_afresh<St: Store>(store: &St, clock: 
     assert_eq!(store.value(&l, "k").await.unwrap().tokens, 1.0 - 0.2);
 }
 
+async fn settle<St: Store>(store: &St, limit: &Limit, key: &str, change: Settle) -> Decision {
+    store
+        .settle(limit, key, change)
+        .await
+        .unwrap_or_else(|e| panic!("{}: settling {change:?}: {e}", limit.name()))
+}
+
+/// The LLM case on a token bucket: reserve an estimate, then give back what
+/// was not used, or take what was used beyond it, below zero if need be,
+/// after which calls wait for the debt to be repaid. Bad amounts are errors.
+pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
+    store: &St,
+    clock: &FakeClock,
+) {
+    let l = Limit::new(
+        "conf-settle",
+        TokenBucket::per_period(1000.0, Nanos(60 * S)).unwrap(),
+    );
+    assert!(one(store, &l, "team", 1000.0, Mode::CONSUME).await.allowed);
+    let d = settle(store, &l, "team", Settle::Refund(600.0)).await;
+    assert!(d.allowed && d.retry_after.is_none());
+    assert_eq!((d.limit, d.remaining), (1000.0, 600));
+    assert_eq!(d.reset, 24.0, "400 tokens at 1000 a minute");
+    assert_eq!(store.value(&l, "team").await.unwrap().tokens, 600.0);
+    // Never above the capacity.
+    let d = settle(store, &l, "team", Settle::Refund(5000.0)).await;
+    assert_eq!((d.remaining, d.reset), (1000, 0.0));
+    assert_eq!(store.value(&l, "team").await.unwrap().tokens, 1000.0);
+    // A charge beyond what is there leaves a debt of 300.
+    let d = settle(store, &l, "team", Settle::Charge(1300.0)).await;
+    assert!(d.allowed);
+    assert_eq!((d.remaining, d.reset), (0, 78.0));
+    assert_eq!(store.value(&l, "team").await.unwrap().tokens, -300.0);
+    let d = one(store, &l, "team", 1.0, Mode::CONSUME).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(18.06), "301 tokens at 1000 a minute");
+    step(clock, 18_060_000_000);
+    assert!(one(store, &l, "team", 1.0, Mode::CONSUME).await.allowed);
+    for bad in [f64::NAN, -1.0, f64::INFINITY, 1e300] {
+        for change in [Settle::Refund(bad), Settle::Charge(bad)] {
+            match store.settle(&l, "team", change).await {
+                Err(StoreError::Cost(_)) => {}
+                other => panic!("settling {change:?}: {other:?}"),
+            }
+        }
+    }
+    // A fixed window's refund is capped at its capacity too.
+    let fw = Limit::new(
+        "conf-settle-fw",
+        FixedWindow::new(10.0, Nanos(60 * S))
+            .unwrap()
+            .with_start(Nanos::ZERO),
+    );
+    assert!(one(store, &fw, "k", 8.0, Mode::CONSUME).await.allowed);
+    assert_eq!(
+        settle(store, &fw, "k", Settle::Refund(3.0)).await.remaining,
+        5
+    );
+    assert_eq!(
+        settle(store, &fw, "k", Settle::Refund(30.0))
+            .await
+            .remaining,
+        10
+    );
+    settle(store, &fw, "k", Settle::Charge(12.0)).await;
+    assert_eq!(store.value(&fw, "k").await.unwrap().tokens, -2.0);
+    // A sharded limit spreads a settlement over its shards.
+    let sharded = Limit::new("conf-settle-shards", tb(1.0, 8.0))
+        .with_shards(4)
+        .unwrap();
+    settle(store, &sharded, "k", Settle::Charge(8.0)).await;
+    assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 0.0);
+    let d = settle(store, &sharded, "k", Settle::Refund(4.0)).await;
+    assert_eq!((d.limit, d.remaining), (8.0, 4));
+    assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 4.0);
+}
+
+/// The sliding algorithms settle by their own rules: a refund takes back
+/// the newest admissions of a log, and a window's current count before its
+/// previous one's; a charge counts whatever the rate.
+pub async fn sliding_settles_like_the_others<St: Store>(store: &St, clock: &FakeClock) {
+    let log = Limit::new(
+        "conf-settle-log",
+        SlidingLog::per_period(10.0, Nanos(10 * S)).unwrap(),
+    );
+    assert!(one(store, &log, "k", 4.0, Mode::CONSUME).await.allowed);
+    step(clock, S);
+    assert!(one(store, &log, "k", 6.0, Mode::CONSUME).await.allowed);
+    let d = settle(store, &log, "k", Settle::Refund(7.0)).await;
+    // 6 came back from the newest entry and 1 from the one before.
+    assert_eq!((d.remaining, d.reset), (7, 9.0));
+    step(clock, 9 * S);
+    assert_eq!(store.value(&log, "k").await.unwrap().tokens, 10.0);
+    settle(store, &log, "k", Settle::Charge(15.0)).await;
+    let d = one(store, &log, "k", 1.0, Mode::CONSUME).await;
+    assert!(!d.allowed);
+    assert_eq!(d.retry_after, Some(10.0));
+    assert_eq!(
+        settle(store, &log, "k", Settle::Refund(99.0))
+            .await
+            .remaining,
+        10
+    );
+
+    let period = 10 * S;
+    let window = Limit::new(
+        "conf-settle-window",
+        SlidingWindow::per_period(10.0, Nanos(period))
+            .unwrap()
+            .with_start(Nanos::ZERO),
+    );
+    clock.set(aligned(clock, period));
+    assert!(one(store, &window, "k", 8.0, Mode::CONSUME).await.allowed);
+    step(clock, period + period / 4);
+    assert!(one(store, &window, "k", 2.0, Mode::CONSUME).await.allowed);
+    // 8 × 0.75 + 2 = 8 counted; a refund of 4 takes the 2, then 2 of the 8.
+    let d = settle(store, &window, "k", Settle::Refund(4.0)).await;
+    assert_eq!(d.remaining, 5, "6 × 0.75 counted: {d:?}");
+    settle(store, &window, "k", Settle::Charge(20.0)).await;
+    assert!(!one(store, &window, "k", 1.0, Mode::CHECK).await.allowed);
+}
+
 /// A pseudo-random run of consumes, checks, resets and transactions on a few
 /// sliding keys decides exactly what the pure algorithms decide.
 pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeClock) {
@@ -659,7 +783,8 @@ pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock
 /// A long pseudo-random run of transactions of one to three operations
 /// (the same limit twice included) over every algorithm, sharded and not,
 /// with fractional costs that floating point cannot sum exactly, a clock
-/// that now and then steps back, resets and values, decides exactly what
+/// that now and then steps back, resets, values, refunds and forced
+/// charges, decides exactly what
 /// the memory store decides on the same clock: every field of every
 /// decision, and every error.
 ///
@@ -715,6 +840,18 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
             0 => {
                 store.reset(l, &key).await.unwrap();
                 memory.reset_now(l, &key);
+                continue;
+            }
+            3 | 4 => {
+                let amount = [0.5, 1.0, 2.5, 0.1, 7.0][rng.usize(..5)];
+                let change = if rng.bool() {
+                    Settle::Refund(amount)
+                } else {
+                    Settle::Charge(amount)
+                };
+                let got = store.settle(l, &key, change).await.unwrap();
+                let want = memory.settle_now(l, &key, change).unwrap();
+                assert_eq!(got, want, "step {i}: {change:?} on {}", l.name());
                 continue;
             }
             1 | 2 => {

@@ -29,6 +29,39 @@ pub struct Decision {
     pub reset: f64,
 }
 
+impl Decision {
+    /// What a settled key reports (see
+    /// [`Store::settle`](crate::Store::settle)), from each of its hot-key
+    /// shards as it stands: allowed, since a settlement is never refused,
+    /// with the shards' capacities and remaining whole tokens added up (each
+    /// shard's floored on its own) and the longest reset.
+    ///
+    /// ```
+    /// use sluice_core::Decision;
+    /// let part = |remaining, reset| Decision { allowed: false, limit: 5.0, remaining, retry_after: Some(1.0), reset };
+    /// let d = Decision::settled([part(2, 1.0), part(3, 0.5)]);
+    /// assert!(d.allowed && d.retry_after.is_none());
+    /// assert_eq!((d.limit, d.remaining, d.reset), (10.0, 5, 1.0));
+    /// ```
+    pub fn settled(parts: impl IntoIterator<Item = Decision>) -> Decision {
+        parts.into_iter().fold(
+            Decision {
+                allowed: true,
+                limit: 0.0,
+                remaining: 0,
+                retry_after: None,
+                reset: 0.0,
+            },
+            |sum, d| Decision {
+                limit: sum.limit + d.limit,
+                remaining: sum.remaining.saturating_add(d.remaining),
+                reset: sum.reset.max(d.reset),
+                ..sum
+            },
+        )
+    }
+}
+
 /// The answer for a whole transaction: allowed only if every limit allows,
 /// and then every limit consumed; otherwise none did.
 ///

@@ -13,6 +13,7 @@ use std::collections::VecDeque;
 use crate::algorithm::{elapsed, remaining, window_start};
 use crate::config::{SlidingLog, SlidingWindow};
 use crate::decision::{Decision, Value};
+use crate::store::Settle;
 use crate::time::Nanos;
 
 const NS: f64 = Nanos::PER_SEC as f64;
@@ -343,6 +344,39 @@ impl LogReading {
     }
 }
 
+/// The state of a sliding-window key after settling `change` at `now`: a
+/// charge counts in the current window whatever the rate; a refund takes
+/// back from the current window's count first, then from the previous
+/// window's, never below zero.
+///
+/// ```
+/// use sluice_core::{Nanos, Settle, SlidingWindow, sliding::{window_settle, WindowState}};
+/// let sw = SlidingWindow::per_period(10.0, Nanos(10)).unwrap().with_start(Nanos(0));
+/// let s = Some(WindowState { ws: Nanos(10), cur: 3.0, prev: 8.0 });
+/// let back = window_settle(&sw, s, 0, Nanos(12), Settle::Refund(5.0));
+/// assert_eq!((back.cur, back.prev), (0.0, 6.0));
+/// let more = window_settle(&sw, s, 0, Nanos(12), Settle::Charge(20.0));
+/// assert_eq!(more.cur, 23.0);
+/// ```
+pub fn window_settle(
+    sw: &SlidingWindow,
+    state: Option<WindowState>,
+    offset: i64,
+    now: Nanos,
+    change: Settle,
+) -> WindowState {
+    let mut s = roll(sw, state, offset, now);
+    match change {
+        Settle::Charge(n) => s.cur += n,
+        Settle::Refund(n) => {
+            let back = n.min(s.cur);
+            s.cur -= back;
+            s.prev = (s.prev - (n - back)).max(0.0);
+        }
+    }
+    s
+}
+
 /// The stored state of one key under a sliding log: the admissions still
 /// in its window, oldest first, with their sum.
 ///
@@ -589,6 +623,48 @@ impl Log {
         let (used, ok) = add_exact(self.used, cost);
         self.used = used;
         self.inexact |= !(merged && ok);
+    }
+
+    /// Settles `change` at `now` (at the newest entry's time, if the clock
+    /// stepped back), after dropping the entries that have left the window.
+    /// A charge is logged like an admission, whatever the rate. A refund
+    /// takes back from the newest entries first, the ones that would count
+    /// longest, and never below an empty log.
+    ///
+    /// ```
+    /// use sluice_core::{Nanos, Settle, SlidingLog, sliding::Log};
+    /// let sl = SlidingLog::per_period(5.0, Nanos(10)).unwrap();
+    /// let mut log = Log::default();
+    /// log.commit(&sl, Nanos(0), 2.0);
+    /// log.commit(&sl, Nanos(3), 2.0);
+    /// log.settle(&sl, Nanos(4), Settle::Refund(3.0));
+    /// assert_eq!(log.entries().collect::<Vec<_>>(), [(Nanos(0), 1.0)]);
+    /// log.settle(&sl, Nanos(5), Settle::Charge(9.0));
+    /// assert_eq!(log.current(&sl, Nanos(5)).tokens, -5.0);
+    /// ```
+    pub fn settle(&mut self, sl: &SlidingLog, now: Nanos, change: Settle) {
+        let n = match change {
+            Settle::Charge(n) => return self.commit(sl, now, n),
+            Settle::Refund(n) => n,
+        };
+        let now = self.at(now);
+        self.expire(sl, now);
+        let mut left = n;
+        while left > 0.0 {
+            let Some(e) = self.entries.back_mut() else {
+                break;
+            };
+            if e.cost <= left {
+                left -= e.cost;
+                self.entries.pop_back();
+            } else {
+                e.cost -= left;
+                left = 0.0;
+            }
+        }
+        let (used, exact) = fold(self.entries.iter());
+        self.used = used;
+        self.inexact = !exact;
     }
 
     /// Drops the entries that have left the window ending at `now`.

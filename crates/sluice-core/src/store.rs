@@ -31,6 +31,10 @@ pub enum CostError {
         /// [`Algorithm::reservable`](crate::Algorithm::reservable)).
         max: f64,
     },
+    /// A refund or a forced charge of more tokens than can be counted
+    /// exactly.
+    #[error("a refund or a forced charge must be at most 2^53 tokens, got {0}")]
+    TooLarge(f64),
     /// The call reserves, and the limit's algorithm takes no reservations
     /// (the sliding window and the sliding log).
     #[error(
@@ -42,6 +46,60 @@ pub enum CostError {
         /// The algorithm's name, as a policy file writes it.
         algorithm: &'static str,
     },
+}
+
+/// A change to a key made once the real cost of a call is known: see
+/// [`Store::settle`].
+///
+/// ```
+/// use sluice_core::Settle;
+/// assert!(Settle::Refund(600.0).validate().is_ok());
+/// assert!(Settle::Charge(f64::NAN).validate().is_err());
+/// assert!(Settle::Charge(1e300).validate().is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Settle {
+    /// Give back this many tokens, never filling the key above its
+    /// capacity: a call that cost less than it took.
+    Refund(f64),
+    /// Take this many tokens whatever the key holds, down below zero if
+    /// need be: a call that cost more than it took. The debt is repaid by
+    /// refill, and until it is, calls are denied.
+    Charge(f64),
+}
+
+impl Settle {
+    /// The tokens given back or taken.
+    #[inline]
+    pub fn amount(self) -> f64 {
+        match self {
+            Settle::Refund(n) | Settle::Charge(n) => n,
+        }
+    }
+
+    /// The same change, split evenly over `shards` hot-key shards.
+    #[inline]
+    pub fn per_shard(self, shards: u32) -> Settle {
+        let n = f64::from(shards.max(1));
+        match self {
+            Settle::Refund(x) => Settle::Refund(x / n),
+            Settle::Charge(x) => Settle::Charge(x / n),
+        }
+    }
+
+    /// Checks the amount: finite, ≥ 0, and at most
+    /// [`MAX_EXACT_TOKENS`](crate::MAX_EXACT_TOKENS), so that the key's
+    /// tokens stay exact.
+    pub fn validate(self) -> Result<(), CostError> {
+        let n = self.amount();
+        if !(n.is_finite() && n >= 0.0) {
+            return Err(CostError::Invalid(n));
+        }
+        if n > crate::MAX_EXACT_TOKENS {
+            return Err(CostError::TooLarge(n));
+        }
+        Ok(())
+    }
 }
 
 /// Why a store could not decide.
@@ -252,6 +310,20 @@ pub trait Store: Send + Sync {
         limit: &Limit,
         key: &str,
     ) -> impl Future<Output = Result<Value, StoreError>> + Send;
+
+    /// Settles a call whose real cost is known only now: gives tokens back
+    /// to `key`, or takes them even below zero (see [`Settle`]). A sharded
+    /// limit spreads the change evenly over its shards. Returns the key as
+    /// it stands afterwards, as an allowed decision.
+    ///
+    /// A refund adds tokens faster than time does, so a store that caches
+    /// denials forgets what it knew of the key, as after a reset.
+    fn settle(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
 
     /// Decides a single operation.
     fn decide(

@@ -351,3 +351,71 @@ proptest! {
         }
     }
 }
+
+/// Every algorithm, the sliding ones included.
+fn every_algorithm() -> impl Strategy<Value = Algorithm> {
+    prop_oneof![
+        any_algorithm(),
+        (1.0f64..20.0, 1i64..30).prop_map(|(rate, tenths)| {
+            sluice_core::SlidingLog::per_period(rate, Nanos(tenths * S / 10))
+                .unwrap()
+                .into()
+        }),
+        (1.0f64..20.0, 1i64..30).prop_map(|(rate, tenths)| {
+            sluice_core::SlidingWindow::per_period(rate, Nanos(tenths * S / 10))
+                .unwrap()
+                .into()
+        }),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Settling, among calls, does what it says to the key's tokens: a
+    /// forced charge takes exactly its amount, whatever the key holds; a
+    /// refund gives back at most its amount, never lifts the key above its
+    /// capacity, and gives back all of it on a token bucket or a fixed
+    /// window when there is room. A settlement is never refused.
+    #[test]
+    fn settling_moves_a_keys_tokens_by_its_amount_and_never_above_capacity(
+        alg in every_algorithm(),
+        steps in prop::collection::vec((0i64..3 * S, 0.0f64..30.0, 0u8..3), 1..80),
+    ) {
+        let (clock, store) = store();
+        let limit = Limit::new("p", alg);
+        let cap = alg.capacity();
+        let flat = matches!(alg, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_));
+        let mut t = 0;
+        for (dt, amount, what) in steps {
+            t += dt;
+            clock.set(Nanos(t));
+            let before = store.value_now(&limit, "k").tokens;
+            match what {
+                0 => {
+                    let cost = amount.min(alg.max_cost(false));
+                    store.decide_now(Op::new(&limit, "k", cost), Mode::CONSUME).unwrap();
+                }
+                1 => {
+                    let d = store.settle_now(&limit, "k", sluice_core::Settle::Refund(amount)).unwrap();
+                    prop_assert!(d.allowed);
+                    let after = store.value_now(&limit, "k").tokens;
+                    prop_assert!(after <= cap + EPS, "{after} above {cap}");
+                    prop_assert!(after >= before - EPS && after - before <= amount + EPS,
+                        "{before} to {after} by a refund of {amount}");
+                    if flat {
+                        prop_assert!((after - (before + amount).min(cap)).abs() < EPS,
+                            "{before} to {after} by a refund of {amount}");
+                    }
+                }
+                _ => {
+                    let d = store.settle_now(&limit, "k", sluice_core::Settle::Charge(amount)).unwrap();
+                    prop_assert!(d.allowed);
+                    let after = store.value_now(&limit, "k").tokens;
+                    prop_assert!((before - amount - after).abs() < EPS,
+                        "{before} to {after} by a charge of {amount}");
+                }
+            }
+        }
+    }
+}

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Store, StoreError};
+use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Request, Rule, RuleHit};
 
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
@@ -295,6 +295,90 @@ impl<S: Store> Enforcer<S> {
         self.meters
             .count(named.name(), Enforcement::Enforce, decision.allowed);
         Ok(decision)
+    }
+
+    /// Settles a call's real cost on `key` of the named limit `named`, once
+    /// it is known: gives tokens back, or takes them even below zero (see
+    /// [`Settle`]). Timed in `sluice_store_seconds{op="settle"}` and
+    /// counted in `sluice_settlements_total` by limit and kind.
+    ///
+    /// A settlement the store could not make is always an error, whatever
+    /// the limit's `on_store_error`: reporting a refund that did not happen
+    /// would be a lie, not a way of failing open. The failure is counted in
+    /// `sluice_store_errors_total` all the same.
+    ///
+    /// ```
+    /// # use sluice_core::{MemoryStore, Mode, Settle};
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::Policy;
+    /// let policy = Policy::from_str("limits: {llm: {algorithm: token_bucket, algorithm_config: {rate: 1000, period: 1m}}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let llm = policy.named_limit("llm").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// assert!(rt.block_on(e.decide_named(llm, "team", 1000.0, Mode::CONSUME)).unwrap().allowed);
+    /// let d = rt.block_on(e.settle_named(llm, "team", Settle::Refund(600.0))).unwrap();
+    /// assert_eq!(d.remaining, 600);
+    /// ```
+    pub async fn settle_named(
+        &self,
+        named: &NamedLimit,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        self.settle(
+            named.limit(),
+            named.name(),
+            named.on_store_error(),
+            key,
+            change,
+        )
+        .await
+    }
+
+    /// Settles on the state a rule's hit names, as
+    /// [`Enforcer::settle_named`] does on a named limit's: what an Envoy
+    /// descriptor with negative hits asks for.
+    pub async fn settle_hit(
+        &self,
+        hit: &RuleHit<'_>,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        let rule = hit.rule;
+        self.settle(
+            hit.limit(),
+            rule.name(),
+            rule.on_store_error(),
+            &hit.key,
+            change,
+        )
+        .await
+    }
+
+    async fn settle(
+        &self,
+        limit: &Limit,
+        name: &str,
+        on_error: OnStoreError,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        let started = Instant::now();
+        let result = self.store.settle(limit, key, change).await;
+        self.meters.settle().record(started.elapsed().as_secs_f64());
+        match &result {
+            Ok(_) => {
+                let kind = match change {
+                    Settle::Refund(_) => "refund",
+                    Settle::Charge(_) => "charge",
+                };
+                metrics::counter!("sluice_settlements_total", "limit" => name.to_owned(), "kind" => kind)
+                    .increment(1);
+            }
+            Err(StoreError::Cost(_)) => {}
+            Err(e) => self.store_failed(e, [(name, on_error)]),
+        }
+        result
     }
 
     /// Applies `policy`'s HTTP rules (those without a `domain`) to `req`,

@@ -23,6 +23,8 @@ pub(crate) struct Meters {
     transact: OnceLock<Histogram>,
     /// `sluice_store_seconds` of named limits' decisions.
     decide: OnceLock<Histogram>,
+    /// `sluice_store_seconds` of settlements.
+    settle: OnceLock<Histogram>,
     /// Failed store calls, logged a line per interval.
     pub(crate) errors: StoreErrorLog,
 }
@@ -62,6 +64,11 @@ impl Meters {
     pub(crate) fn transact(&self) -> &Histogram {
         self.transact
             .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "transact"))
+    }
+
+    pub(crate) fn settle(&self) -> &Histogram {
+        self.settle
+            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "settle"))
     }
 
     pub(crate) fn decide(&self) -> &Histogram {

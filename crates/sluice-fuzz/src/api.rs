@@ -5,12 +5,13 @@ use tower::ServiceExt;
 use crate::service::{ADMIN_TOKEN, block_on, state};
 
 /// The endpoints, chosen by the input's first byte: `'0'` is the first.
-const ENDPOINTS: [(Method, &str); 5] = [
+const ENDPOINTS: [(Method, &str); 6] = [
     (Method::POST, "/v1/limit"),
     (Method::POST, "/v1/check"),
     (Method::POST, "/v1/reset"),
     (Method::POST, "/v1/decide"),
     (Method::GET, "/v1/value"),
+    (Method::POST, "/v1/refund"),
 ];
 
 /// Sends one request to the decision API of `sluice serve` ([`sluice::serve::app`]),
@@ -18,8 +19,8 @@ const ENDPOINTS: [(Method, &str); 5] = [
 /// same request again, which meets the state the first one left.
 ///
 /// The first byte picks the endpoint: `0` `/v1/limit`, `1` `/v1/check`, `2`
-/// `/v1/reset` (with the admin token), `3` `/v1/decide`, `4` `/v1/value`;
-/// other bytes wrap around. The rest is the JSON body, or for `/v1/value`
+/// `/v1/reset` (with the admin token), `3` `/v1/decide`, `4` `/v1/value`,
+/// `5` `/v1/refund`; other bytes wrap around. The rest is the JSON body, or for `/v1/value`
 /// the query string (bytes a URI cannot hold are percent-encoded).
 ///
 /// Checks that no request panics and that none is answered with a 5xx

@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 use redis::{Cmd, Value};
 use sluice_core::algorithm::{self, State};
 use sluice_core::sliding::{LogReading, MAX_LOG_ENTRIES, WindowState};
-use sluice_core::{Algorithm, Limit, Mode, Nanos, Op, StoreError};
+use sluice_core::{Algorithm, Limit, Mode, Nanos, Op, Settle, StoreError};
 use smallvec::SmallVec;
 
 use crate::keys;
@@ -70,7 +70,8 @@ pub(crate) struct TxnOp {
 /// One transaction, ready to be batched.
 #[derive(Debug)]
 pub(crate) struct Txn {
-    /// Bit 0: consume; bit 1: reserve.
+    /// Bit 0: consume; bit 1: reserve; bit 5: a forced charge; bit 6: a
+    /// refund (the script's `ctl`).
     flags: u8,
     ops: SmallVec<[TxnOp; 1]>,
     unit: TimeUnit,
@@ -109,6 +110,30 @@ impl Txn {
         };
         for s in 0..limit.shards() {
             txn.push(prefix, limit, key, (s, s), 0.0)?;
+        }
+        Ok(txn)
+    }
+
+    /// A settlement of every shard of `key`, each an even part of `change`
+    /// (already validated): committed whatever the keys hold.
+    pub(crate) fn settle(
+        prefix: &str,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+        unit: TimeUnit,
+    ) -> Result<Txn, StoreError> {
+        let part = change.per_shard(limit.shards());
+        let mut txn = Txn {
+            flags: match change {
+                Settle::Charge(_) => 1 | 32,
+                Settle::Refund(_) => 1 | 64,
+            },
+            ops: SmallVec::with_capacity(limit.shards() as usize),
+            unit,
+        };
+        for s in 0..limit.shards() {
+            txn.push(prefix, limit, key, (s, s), part.amount())?;
         }
         Ok(txn)
     }

@@ -13,7 +13,8 @@ use redis::cluster_async::ClusterConnection;
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use sluice_core::algorithm;
 use sluice_core::{
-    Algorithm, Clock, Decision, Limit, Mode, Nanos, Op, Outcome, Store, StoreError, SystemClock,
+    Algorithm, Clock, Decision, Limit, Mode, Nanos, Op, Outcome, Settle, Store, StoreError,
+    SystemClock,
 };
 use smallvec::SmallVec;
 use tokio::sync::{Semaphore, mpsc, oneshot};
@@ -343,6 +344,39 @@ impl RedisStore {
             invalidations: synced(|s| &s.invalidations),
             subscribes: synced(|s| &s.subscribes),
             subscription_losses: synced(|s| &s.losses),
+        }
+    }
+
+    /// Forgets what this store's deny cache knows of `key`.
+    fn forget_cached(&self, limit: &Limit, key: &str) {
+        if let Some(synced) = &self.shared.cache {
+            let cache = synced.cache();
+            // Only shard 0 of an unsharded limit is ever cached.
+            cache.forget(
+                cache.fingerprint(limit.name(), key, 0),
+                self.shared.clock.now(),
+            );
+        }
+    }
+
+    /// Tells every store sharing the Redis that `key` gained tokens faster
+    /// than time gives them, on the channel resets are announced on, so
+    /// that their deny caches forget it. The key has changed whether or not
+    /// this succeeds, so a failure is logged, not returned.
+    async fn announce(&self, limit: &Limit, key: &str) {
+        let shared = &self.shared;
+        let mut conn = shared.conn.clone();
+        let mut cmd = redis::cmd("PUBLISH");
+        cmd.arg(&shared.reset_channel)
+            .arg(resets::message(limit.name(), key));
+        if let Err(e) = shared.within(cmd.query_async::<Value>(&mut conn)).await {
+            shared.count(&e);
+            tracing::warn!(
+                limit = limit.name(),
+                channel = shared.reset_channel,
+                error = %e,
+                "refunded, but could not announce it to other servers' deny caches"
+            );
         }
     }
 
@@ -761,14 +795,7 @@ impl Store for RedisStore {
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
         let shared = &self.shared;
-        // Only shard 0 of an unsharded limit is ever cached.
-        let forget = |now: Nanos| {
-            if let Some(synced) = &shared.cache {
-                let cache = synced.cache();
-                cache.forget(cache.fingerprint(limit.name(), key, 0), now);
-            }
-        };
-        forget(shared.clock.now());
+        self.forget_cached(limit, key);
         let mut conn = shared.conn.clone();
         let names: Vec<String> = (0..limit.shards())
             .map(|s| keys::shard_key(shared.config.prefix(), limit, key, s))
@@ -799,11 +826,42 @@ impl Store for RedisStore {
             });
         // Replies to requests sent before the reset finished may describe the
         // state before it; from now on none are learned.
-        forget(shared.clock.now());
+        self.forget_cached(limit, key);
         if let Err(e) = &r {
             shared.count(e);
         }
         r
+    }
+
+    async fn settle(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        change.validate()?;
+        let shared = &self.shared;
+        // A charge only takes tokens: every cached bound still holds.
+        let refund = matches!(change, Settle::Refund(_));
+        if refund {
+            self.forget_cached(limit, key);
+        }
+        let txn = Txn::settle(shared.config.prefix(), limit, key, change, shared.unit)?;
+        let (txn, reply) = self.remote(txn).await?;
+        bump(&shared.counters.remote);
+        let parts = reply
+            .ops
+            .iter()
+            .zip(txn.offsets())
+            .map(|(seen, offset)| seen.state.decide(offset, reply.now, 0.0, false, 0.0));
+        let decision = Decision::settled(parts);
+        if refund {
+            self.announce(limit, key).await;
+            // As after a reset: replies to requests sent meanwhile may
+            // describe the key before the refund.
+            self.forget_cached(limit, key);
+        }
+        Ok(decision)
     }
 
     async fn value(&self, limit: &Limit, key: &str) -> Result<sluice_core::Value, StoreError> {

@@ -1,6 +1,7 @@
-//! Resets reach every server's deny cache, on a real redis-server and a real
-//! 3-master Cluster: a store that denies a key locally admits it again soon
-//! after another store resets it; a store that is not subscribed to reset
+//! Resets and refunds reach every server's deny cache, on a real
+//! redis-server and a real 3-master Cluster: a store that denies a key
+//! locally admits it again soon after another store resets it or refunds
+//! tokens to it; a store that is not subscribed to reset
 //! announcements (Redis down, or no permission on the channel) never denies
 //! locally; and the subscriber goes away with its store.
 //!
@@ -15,7 +16,7 @@ mod support;
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
+use sluice_core::{Limit, Mode, Op, Settle, Store, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 use support::{RedisCluster, RedisServer, command};
 
@@ -96,13 +97,21 @@ async fn admitted_again(store: &RedisStore, limit: &Limit, key: &str) {
     .await;
 }
 
-/// `store` denies `key` locally; `resetter` resets it; `store` admits it
-/// again, having applied the announcement.
-async fn reset_elsewhere_reaches(
+/// How another store gives a key its tokens back.
+#[derive(Debug, Clone, Copy)]
+enum Refill {
+    Reset,
+    Refund,
+}
+
+/// `store` denies `key` locally; `other` resets it or refunds a token to
+/// it; `store` admits it again, having applied the announcement.
+async fn refill_elsewhere_reaches(
     store: &RedisStore,
-    resetter: &RedisStore,
+    other: &RedisStore,
     limit: &Limit,
     key: &str,
+    how: Refill,
 ) {
     drain_until_local_denial(store, limit, key).await;
     let invalidations = store.stats().invalidations;
@@ -114,9 +123,24 @@ async fn reset_elsewhere_reaches(
             .unwrap()
             .allowed
     );
-    resetter.reset(limit, key).await.unwrap();
+    match how {
+        Refill::Reset => other.reset(limit, key).await.unwrap(),
+        Refill::Refund => {
+            let d = other.settle(limit, key, Settle::Refund(1.0)).await.unwrap();
+            assert_eq!(d.remaining, 1, "{d:?}");
+        }
+    }
     admitted_again(store, limit, key).await;
-    assert!(store.stats().invalidations > invalidations);
+    assert!(store.stats().invalidations > invalidations, "{how:?}");
+}
+
+async fn reset_elsewhere_reaches(
+    store: &RedisStore,
+    resetter: &RedisStore,
+    limit: &Limit,
+    key: &str,
+) {
+    refill_elsewhere_reaches(store, resetter, limit, key, Refill::Reset).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -201,7 +225,26 @@ async fn a_reset_reaches_stores_subscribed_to_other_cluster_nodes() {
         .find(|k| on_subscribed_node(k))
         .unwrap();
     reset_elsewhere_reaches(&a, &b, &limit, &local_key).await;
+    // A refund is announced the same way, across the bus too.
+    refill_elsewhere_reaches(&a, &b, &limit, &key, Refill::Refund).await;
     assert_eq!(a.stats().errors, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_by_another_store_reaches_the_deny_cache() {
+    let server = RedisServer::start();
+    let a = RedisStore::new(config(&server.url())).unwrap();
+    let b = RedisStore::new(config(&server.url())).unwrap();
+    let limit = slow_limit("slow");
+    refill_elsewhere_reaches(&a, &b, &limit, "user-1", Refill::Refund).await;
+    // A forced charge takes tokens, so it leaves every bound true, and the
+    // store goes on denying locally without being told anything.
+    let before = a.stats();
+    b.settle(&limit, "user-1", Settle::Charge(1.0))
+        .await
+        .unwrap();
+    let (_, after) = drain_until_local_denial(&a, &limit, "user-1").await;
+    assert_eq!(after.invalidations, before.invalidations, "{after:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -254,6 +254,44 @@ rules:
 }
 
 #[test]
+fn an_estimate_is_settled_by_refund_or_forced_charge() {
+    let policy = "
+limits:
+  llm:
+    algorithm: token_bucket
+    algorithm_config: {rate: 1000, period: 1m}
+";
+    let at = |t: f64, count: f64, extra: Value| {
+        let mut e = json!({"t": t, "limit": "llm", "key": "team", "count": count});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    };
+    let ds = replay(
+        policy,
+        &[
+            at(0.0, 1000.0, json!({})),
+            at(1.0, 600.0, json!({"refund": true})),
+            at(1.0, 617.0, json!({})),
+            at(1.0, 616.0, json!({})),
+            at(2.0, 200.0, json!({"force": true})),
+            at(2.0, 1.0, json!({})),
+        ],
+    );
+    // 1000 a minute is 1 token every 60 ms.
+    assert_decision(&ds[0], true, 0, None, 60.0);
+    // 1 s refilled 16⅔, and the refund gave back 600: 616⅔.
+    assert_decision(&ds[1], true, 616, None, 23.0);
+    assert_decision(&ds[2], false, 616, Some(0.02), 23.0);
+    assert_decision(&ds[3], true, 0, None, 59.96);
+    // A charge beyond what is held: 0⅔ + 16⅔ − 200 leaves a debt of 182⅔,
+    // which the next call waits out with its own token: 183⅔ × 60 ms.
+    assert_decision(&ds[4], true, 0, None, 70.96);
+    assert_decision(&ds[5], false, 0, Some(11.02), 70.96);
+}
+
+#[test]
 fn a_sliding_log_admits_exactly_its_rate_over_any_period() {
     let policy = "
 limits:

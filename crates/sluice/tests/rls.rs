@@ -281,12 +281,33 @@ async fn hits_addend_is_the_cost() {
     assert_eq!(code(&r.statuses[0]), Code::OverLimit);
     let r = ask(&mut c, request("edge", vec![user("a")], 0)).await;
     assert_eq!(r.statuses[0].limit_remaining, 5);
-    // A refund is not something Sluice can honour: it changes nothing.
+    // Negative hits give tokens back: the descriptor is OK, and says what
+    // the key holds after the refund.
     let mut refund = user("a");
     refund.hits_addend = Some(UInt64Value { value: 3 });
     refund.is_negative_hits = true;
-    let r = ask(&mut c, request("edge", vec![refund], 0)).await;
-    assert_eq!(r.statuses[0].limit_remaining, 5);
+    let r = ask(&mut c, request("edge", vec![refund.clone()], 0)).await;
+    assert_eq!(code(&r.statuses[0]), Code::Ok);
+    assert_eq!(r.statuses[0].limit_remaining, 8);
+    assert_eq!(
+        r.statuses[0].current_limit.as_ref().unwrap().name,
+        "per-user"
+    );
+    let r = ask(&mut c, request("edge", vec![user("a")], 0)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 7);
+    // Never above the capacity, and a refund beside a call in one request
+    // is made first, so the call may use it.
+    let r = ask(&mut c, request("edge", vec![refund.clone(), refund], 0)).await;
+    assert_eq!(r.statuses[1].limit_remaining, 10);
+    let mut spend_all = user("a");
+    spend_all.hits_addend = Some(UInt64Value { value: 10 });
+    let r = ask(&mut c, request("edge", vec![spend_all.clone()], 0)).await;
+    assert_eq!(r.statuses[0].limit_remaining, 0);
+    let mut back = user("a");
+    back.hits_addend = Some(UInt64Value { value: 10 });
+    back.is_negative_hits = true;
+    let r = ask(&mut c, request("edge", vec![spend_all, back], 0)).await;
+    assert_eq!(r.overall_code, Code::Ok as i32, "{r:?}");
 }
 
 #[tokio::test]

@@ -82,6 +82,118 @@ async fn a_sliding_log_limit_counts_every_call_in_its_window_and_refuses_reserva
     assert_eq!((st, &j["tokens"]), (200, &1.0.into()));
 }
 
+/// The LLM gateway's round: reserve the estimate, then settle the real
+/// cost, by a refund when it was less and a forced charge when it was more.
+#[tokio::test]
+async fn a_call_settles_its_real_cost_by_refund_or_forced_charge() {
+    let s = state_of(
+        "limits:\n  llm:\n    algorithm: token_bucket\n    algorithm_config: {rate: 1000, period: 1m}\n",
+        None,
+    );
+    let post = |uri: &'static str, body: serde_json::Value| {
+        let s = Arc::clone(&s);
+        async move { call(&s, "POST", uri, body.to_string(), None).await }
+    };
+    let tokens = || async { get(&s, "/v1/value?limit=llm&key=team").await.2["tokens"].clone() };
+    let (status, _, d) = post(
+        "/v1/limit",
+        serde_json::json!({"limit": "llm", "key": "team", "count": 1000}),
+    )
+    .await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(0)));
+    let (status, _, d) = post(
+        "/v1/refund",
+        serde_json::json!({"limit": "llm", "key": "team", "count": 600}),
+    )
+    .await;
+    assert_eq!(status, 200, "{d}");
+    assert_eq!(
+        d,
+        serde_json::json!({"allowed": true, "limit": 1000, "remaining": 600, "retry_after": null, "reset": 24.0})
+    );
+    assert_eq!(tokens().await, 600.0);
+    // Never above the capacity.
+    let (_, _, d) = post(
+        "/v1/refund",
+        serde_json::json!({"limit": "llm", "key": "team", "count": 1e6}),
+    )
+    .await;
+    assert_eq!(d["remaining"], 1000);
+    // A call that cost more than the key held goes into debt...
+    let (status, _, d) = post(
+        "/v1/limit",
+        serde_json::json!({"limit": "llm", "key": "team", "count": 1300, "force": true}),
+    )
+    .await;
+    assert_eq!(
+        (status, d["allowed"].as_bool(), d["remaining"].as_u64()),
+        (200, Some(true), Some(0))
+    );
+    assert_eq!(tokens().await, -300.0);
+    // ...and later calls wait for it to be repaid: 301 tokens at 1000 a minute.
+    let (status, _, d) = post(
+        "/v1/limit",
+        serde_json::json!({"limit": "llm", "key": "team"}),
+    )
+    .await;
+    assert_eq!((status, d["retry_after"].as_f64()), (429, Some(18.06)));
+
+    for (uri, body, want) in [
+        (
+            "/v1/check",
+            serde_json::json!({"limit": "llm", "key": "team", "force": true}),
+            422,
+        ),
+        (
+            "/v1/limit",
+            serde_json::json!({"limit": "llm", "key": "team", "force": true, "reserve": true}),
+            422,
+        ),
+        (
+            "/v1/limit",
+            serde_json::json!({"limit": "llm", "key": "team", "force": true, "count": 1e300}),
+            422,
+        ),
+        (
+            "/v1/refund",
+            serde_json::json!({"limit": "llm", "key": "team", "count": -1}),
+            400,
+        ),
+        (
+            "/v1/refund",
+            serde_json::json!({"limit": "llm", "key": "team", "count": 1e300}),
+            422,
+        ),
+        // One past 2^53, which a double would round into range.
+        (
+            "/v1/refund",
+            serde_json::json!({"limit": "llm", "key": "team", "count": 9_007_199_254_740_993_u64}),
+            422,
+        ),
+        (
+            "/v1/limit",
+            serde_json::json!({"limit": "llm", "key": "team", "force": true, "count": 9_007_199_254_740_993_u64}),
+            422,
+        ),
+        (
+            "/v1/refund",
+            serde_json::json!({"limit": "llm", "key": "team"}),
+            400,
+        ),
+        (
+            "/v1/refund",
+            serde_json::json!({"limit": "nope", "key": "team", "count": 1}),
+            404,
+        ),
+    ] {
+        let (status, ctype, d) = post(uri, body.clone()).await;
+        assert_eq!(status, want, "{uri} {body}: {d}");
+        assert_eq!(ctype, "application/problem+json", "{uri} {body}");
+    }
+    // None of those changed anything.
+    assert_eq!(tokens().await, -300.0);
+}
+
 #[tokio::test]
 async fn a_limit_brought_inline_decides_as_the_same_limit_in_a_policy() {
     let configs = [

@@ -153,3 +153,108 @@ async fn four_servers_sharing_one_redis_admit_a_sliding_logs_rate_and_never_more
         "{admitted} admitted in {PERIODS} periods"
     );
 }
+
+/// One series of a server's `/metrics`, 0 when it is not there yet.
+async fn metric_of(client: &reqwest::Client, base: &str, series: &str) -> f64 {
+    let text = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    support::metric(&text, series).unwrap_or(0.0)
+}
+
+/// `POST /v1/<path>` on `base` with `body`: the status and the answer.
+async fn post(
+    client: &reqwest::Client,
+    base: &str,
+    path: &str,
+    body: &str,
+) -> (u16, serde_json::Value) {
+    let res = client
+        .post(format!("{base}{path}"))
+        .body(body.to_owned())
+        .send()
+        .await
+        .unwrap();
+    (res.status().as_u16(), res.json().await.unwrap())
+}
+
+/// The LLM gateway's round on two servers sharing one Redis: one reserves
+/// 1000 tokens and refunds the 600 it did not use; the other, whose deny
+/// cache had learnt that the key is empty, admits a call of 600 as soon as
+/// the refund's announcement reaches it, not when refill would (36 minutes).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refund_on_one_server_reaches_another_servers_deny_cache_at_once() {
+    let redis = redis::RedisServer::start();
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: redis, url: \"{}\", timeout_ms: 2000}}\n\
+         limits:\n  llm:\n    algorithm: token_bucket\n    \
+         algorithm_config: {{rate: 1000, period: 1h, max_reserved: 1000}}\n",
+        redis.url()
+    ));
+    let (_a, a, _) = spawn_serve(&path).await;
+    let (_b, b, _) = spawn_serve(&path).await;
+    let client = reqwest::Client::new();
+    const LOCAL: &str = "sluice_redis_transactions_total{decided_by=\"deny_cache\"}";
+    const HEARD: &str = "sluice_redis_invalidations_total";
+    let estimate = r#"{"limit": "llm", "key": "org-7", "count": 1000, "reserve": true}"#;
+    let (status, d) = post(&client, &a, "/v1/limit", estimate).await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(0)), "{d}");
+
+    let call = r#"{"limit": "llm", "key": "org-7", "count": 600}"#;
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while metric_of(&client, &b, LOCAL).await < 1.0 {
+        let (status, d) = post(&client, &b, "/v1/limit", call).await;
+        assert_eq!(status, 429, "{d}");
+        assert!(
+            Instant::now() < deadline,
+            "server b never denied from its cache"
+        );
+    }
+    let heard = metric_of(&client, &b, HEARD).await;
+
+    let (status, d) = post(
+        &client,
+        &a,
+        "/v1/refund",
+        r#"{"limit": "llm", "key": "org-7", "count": 600}"#,
+    )
+    .await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(600)), "{d}");
+    let value = client
+        .get(format!("{a}/v1/value?limit=llm&key=org-7"))
+        .send()
+        .await
+        .unwrap()
+        .json::<serde_json::Value>()
+        .await
+        .unwrap();
+    let tokens = value["tokens"].as_f64().unwrap();
+    assert!((600.0..600.01).contains(&tokens), "{value}");
+
+    // The announcement travels through Redis's pub/sub to b's subscriber;
+    // until it lands, b's cache may still deny.
+    let refunded = Instant::now();
+    let mut denied_meanwhile = 0;
+    loop {
+        let (status, d) = post(&client, &b, "/v1/limit", call).await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{d}");
+        denied_meanwhile += 1;
+        assert!(
+            refunded.elapsed() < Duration::from_secs(1),
+            "b still denies a second after the refund"
+        );
+    }
+    eprintln!(
+        "admitted by b {:?} after a's refund answered, after {denied_meanwhile} denials",
+        refunded.elapsed()
+    );
+    assert!(metric_of(&client, &b, HEARD).await > heard);
+}

@@ -19,7 +19,7 @@ use smallvec::SmallVec;
 use crate::algorithm::{self, State};
 use crate::config::{Algorithm, Limit};
 use crate::decision::{Decision, Outcome, Value};
-use crate::store::{Mode, Op, Store, StoreError};
+use crate::store::{Mode, Op, Settle, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
 
 mod ghosts;
@@ -280,7 +280,7 @@ impl Stripe {
     /// The sweep may drop the entry of a key that sits in a hot slot, which
     /// is lossless: a slot that changed the state writes it back when it
     /// lets the key go, and one that did not holds the same full state.
-    fn settle(&mut self, t: usize, delta: isize, now: Nanos) {
+    fn count_write(&mut self, t: usize, delta: isize, now: Nanos) {
         self.apply(delta);
         if delta <= 0 || self.len < SWEEP_FROM {
             return;
@@ -672,7 +672,7 @@ impl<C: Clock> MemoryStore<C> {
         let heat = match (ev.next, state) {
             (Some(next), _) if mode.consume => {
                 let delta = table.put_at(probe, fp, next);
-                stripe.settle(t, delta, now);
+                stripe.count_write(t, delta, now);
                 // A free slot costs nothing to take, and a contended lock
                 // means other threads decide in this stripe right now, quite
                 // likely on this very key.
@@ -875,7 +875,7 @@ impl<C: Clock> MemoryStore<C> {
                 match w {
                     Write::Flat(st) => {
                         let delta = stripe.tables[slot.table].put(slot.fp, st);
-                        stripe.settle(slot.table, delta, now);
+                        stripe.count_write(slot.table, delta, now);
                     }
                     Write::Sliding(next) => {
                         let Table { limit, sliding, .. } = &mut stripe.tables[slot.table];
@@ -929,6 +929,51 @@ impl<C: Clock> MemoryStore<C> {
             let delta = stripe.tables[t].remove(fp, now);
             stripe.apply(delta);
         });
+    }
+
+    /// Settles a call's real cost on a key (see [`Store::settle`]): each
+    /// hot-key shard gets an even part of the change.
+    ///
+    /// ```
+    /// use sluice_core::{Limit, MemoryStore, Mode, Op, Settle, TokenBucket};
+    /// let store = MemoryStore::new();
+    /// let limit = Limit::new("llm", TokenBucket::new(1.0, 1000.0).unwrap());
+    /// store.decide_now(Op::new(&limit, "team", 1000.0), Mode::CONSUME).unwrap();
+    /// let d = store.settle_now(&limit, "team", Settle::Refund(600.0)).unwrap();
+    /// assert_eq!(d.remaining, 600);
+    /// ```
+    pub fn settle_now(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        change.validate()?;
+        let alg = *limit.shard_algorithm();
+        let offset = algorithm::key_offset(&alg, key);
+        let part = change.per_shard(limit.shards());
+        let now = self.clock.now();
+        let parts = self.with_key_slots(limit, key, now, |lane, stripe, t, fp| {
+            lane.cool(stripe, hint_tag(fp, limit));
+            let (d, delta) = match Kind::of(&alg) {
+                None => {
+                    let table = &mut stripe.tables[t];
+                    let state = table.get(fp, offset, now);
+                    let next = algorithm::settle(&alg, state, offset, now, part);
+                    let d = algorithm::evaluate(&alg, Some(next), offset, now, 0.0, false);
+                    (d.decision, table.put(fp, next))
+                }
+                Some(kind) => {
+                    let restored = stripe.tables[t].restore(kind, fp, offset, now);
+                    stripe.apply(restored);
+                    stripe.tables[t].sliding.settle(kind, fp, offset, now, part)
+                }
+            };
+            stripe.count_write(t, delta, now);
+            lane.maintain(stripe, now, self.stripe_cap);
+            d
+        });
+        Ok(Decision::settled(parts))
     }
 
     /// The key's tokens now, summed over its hot-key shards, and the latest time.
@@ -1028,6 +1073,15 @@ impl<C: Clock> Store for MemoryStore<C> {
 
     fn value(&self, limit: &Limit, key: &str) -> Ready<Result<Value, StoreError>> {
         ready(Ok(self.value_now(limit, key)))
+    }
+
+    fn settle(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> Ready<Result<Decision, StoreError>> {
+        ready(self.settle_now(limit, key, change))
     }
 
     fn decide(&self, op: Op<'_>, mode: Mode) -> Ready<Result<Decision, StoreError>> {

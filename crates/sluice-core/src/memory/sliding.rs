@@ -16,7 +16,9 @@ use crate::config::{Algorithm, SlidingLog, SlidingWindow};
 use crate::decision::{Decision, Value};
 use crate::sliding::{
     Log, WindowState, window_current, window_emptiest, window_empty_at, window_evaluate,
+    window_settle,
 };
+use crate::store::Settle;
 use crate::time::Nanos;
 
 /// Fingerprints are already uniform hashes: the map uses them as they are.
@@ -225,6 +227,39 @@ impl Sliding {
             return delta - swept as isize;
         }
         delta
+    }
+
+    /// Settles `change` on `fp` at `now`, dropping the key if that leaves
+    /// it empty. Returns the key as it then stands, and the change in the
+    /// number of keys.
+    pub(super) fn settle(
+        &mut self,
+        kind: Kind<'_>,
+        fp: u64,
+        offset: i64,
+        now: Nanos,
+        change: Settle,
+    ) -> (Decision, isize) {
+        let before = self.len();
+        match kind {
+            Kind::Window(sw) => {
+                let s = window_settle(sw, self.windows.get(&fp).copied(), offset, now, change);
+                if window_empty_at(sw, &s) <= now {
+                    self.windows.remove(&fp);
+                } else {
+                    self.windows.insert(fp, s);
+                }
+            }
+            Kind::Log(sl) => {
+                let log = self.logs.entry(fp).or_default();
+                log.settle(sl, now, change);
+                if log.is_empty() {
+                    self.logs.remove(&fp);
+                }
+            }
+        }
+        let (idle, _) = self.evaluate(kind, fp, offset, now, None, 0.0);
+        (idle, self.len() as isize - before as isize)
     }
 
     /// Drops `fp`'s state; returns the change in the number of keys.

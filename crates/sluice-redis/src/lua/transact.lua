@@ -28,7 +28,8 @@
 --   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
---     16 the op has extras (else key b is key a and origin is 0)
+--     16 the op has extras (else key b is key a and origin is 0), 32 a
+--     forced charge of cost, 64 a refund of cost (see settle_op)
 --   extra, one per op with ctl bit 16, in op order: key b (I4, the second
 --     candidate key of a sharded limit), origin in units (d, fixed and
 --     sliding window)
@@ -41,6 +42,8 @@
 --   sliding log (always): '<dddd' at, used, newest, frees_at, the fields
 --     of sluice_core::sliding::LogReading, which the ops' decisions are
 --     computed from.
+-- A settling op (ctl 32 or 64) is always admitted and committed at once,
+-- and replies with what its key holds after it, in the same forms.
 --
 -- Speed matters here, since Redis runs it on its one thread. Every key is
 -- read with one MGET and every key written is written once, at the end,
@@ -431,6 +434,36 @@ local function log_commit(k, l, cost)
   wlim[k] = l
 end
 
+-- Log::settle's refund: takes cost back from the newest entries first,
+-- after dropping the entries that have left, and sums what is left afresh.
+local function log_refund(k, l, cost)
+  local e = log_of(k, l)
+  local at = log_at(e)
+  local gone = expired(e, at - p2[l])
+  if gone > 0 then e = string.sub(e, gone * 16 + 1) end
+  local cut, tail, left = #e / 16, '', cost
+  while left > 0 and cut > 0 do
+    local t, c = entry(e, cut)
+    if c <= left then
+      left = left - c
+    else
+      tail = pack_s('<dd', t, c - left)
+      left = 0
+    end
+    cut = cut - 1
+  end
+  e = string.sub(e, 1, cut * 16) .. tail
+  local sum, exact = 0, true
+  for i = 1, #e / 16 do
+    local _, c = entry(e, i)
+    local d, ok = add_exact(sum, c)
+    sum, exact = d, exact and ok
+  end
+  lent[k], lused[k] = e, sum
+  if exact then linex[k] = 0 else linex[k] = 1 end
+  wlim[k] = l
+end
+
 -- Pending sliding writes of the transaction being decided (several ops
 -- only): window states by key (and the keys in the order first written),
 -- logged costs by key (their sum) and in op order (each one committed as
@@ -527,6 +560,45 @@ local function flat_read(x, l, origin)
   if not tok[x] and blob[x] then flat_ghost(x, l, origin) end
   return tok[x], tsv[x], raw[x]
 end
+-- A settling op on key k: a refund of cost (never above the capacity) or a
+-- forced charge (without a floor), as sluice_core's algorithm::settle,
+-- sliding::window_settle and Log::settle make them. Committed at once: a
+-- settlement is never refused, and a transaction of them names each key
+-- once. Appends what the key holds after it to the reply.
+local function settle_op(k, l, cost, origin, refund)
+  nout = nout + 1
+  if kind[l] == 3 then
+    local _, _, _, _, ws, cur, prev = window_state(k, l, origin)
+    if refund then
+      local back = cost
+      if back > cur then back = cur end
+      cur = cur - back
+      prev = prev - (cost - back)
+      if prev < 0 then prev = 0 end
+    else
+      cur = cur + cost
+    end
+    window_commit(k, l, ws, cur, prev)
+    out[nout] = pack_s('<Bddd', 2, cur, ws, prev)
+  elseif kind[l] == 4 then
+    if refund then log_refund(k, l, cost) else log_commit(k, l, cost) end
+    local at, used, newest, frees = log_read(k, l, 0, 0)
+    out[nout] = pack_s('<Bdddd', newest and 6 or 2, at, used, newest or 0, frees)
+  else
+    local st, sts = flat_read(k, l, origin)
+    local avail, ts = advance(l, st, sts, origin)
+    local t
+    if refund then
+      t = avail + cost
+      if t > p3[l] then t = p3[l] end
+    else
+      t = avail - cost
+    end
+    commit(k, t, ts, l)
+    out[nout] = pack_s('<Bdd', 2, t, ts)
+  end
+end
+
 local nx = 0
 for i = 0, nops - 1 do
   local f = i * 4
@@ -573,6 +645,11 @@ for i = 0, nops - 1 do
     end
   else
     local b, origin = a, 0
+    local settle = 0
+    if ctl >= 32 then
+      settle = ctl - ctl % 32
+      ctl = ctl % 32
+    end
     if ctl >= 16 then
       nx = nx + 2
       b, origin = extras[nx - 1], extras[nx]
@@ -593,7 +670,9 @@ for i = 0, nops - 1 do
       end
     end
 
-    if kind[l] >= 3 then
+    if settle > 0 then
+      settle_op(a, l, cost, origin, settle == 64)
+    elseif kind[l] >= 3 then
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
     else
       local k, pick = a, 0

@@ -8,7 +8,8 @@ use std::convert::Infallible;
 use std::net::{IpAddr, SocketAddr};
 
 use sluice_core::{
-    FakeClock, Limit, MemoryStore, Mode, Nanos, Op, Outcome, Store, StoreError, Value,
+    Decision, FakeClock, Limit, MemoryStore, Mode, Nanos, Op, Outcome, Settle, Store, StoreError,
+    Value,
 };
 use sluice_engine::{Enforcer, Refusal, Verdict};
 use sluice_http::{PeerAddr, RateLimitLayer, rate_limit_headers};
@@ -92,6 +93,18 @@ impl Store for Flaky {
 
     async fn value(&self, limit: &Limit, key: &str) -> Result<Value, StoreError> {
         self.0.value(limit, key).await
+    }
+
+    async fn settle(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        if down(key) {
+            return Err(StoreError::Unavailable("the store is down".into()));
+        }
+        self.0.settle(limit, key, change).await
     }
 }
 

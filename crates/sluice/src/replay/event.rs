@@ -6,6 +6,7 @@ use std::net::IpAddr;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use sluice_core::Settle;
 use sluice_policy::RequestParts;
 
 /// The fields of both kinds of event; which ones are present says which
@@ -26,6 +27,8 @@ struct RawEvent {
     key: Option<String>,
     count: Option<f64>,
     reserve: Option<bool>,
+    refund: Option<bool>,
+    force: Option<bool>,
     algorithm: Option<serde_json::Value>,
     algorithm_config: Option<serde_json::Value>,
 }
@@ -47,6 +50,9 @@ pub(crate) struct Call {
     pub(crate) key: String,
     pub(crate) count: f64,
     pub(crate) reserve: bool,
+    /// Give `count` back (`"refund": true`), or charge it whatever the key
+    /// holds (`"force": true`), instead of deciding a call.
+    pub(crate) settle: Option<Settle>,
     /// The call's own limit: its algorithm and that algorithm's settings.
     pub(crate) inline: Option<(serde_json::Value, serde_json::Value)>,
 }
@@ -70,8 +76,8 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
             if request_fields.into_iter().any(|present| present) {
                 bail!(
                     "an event is either a request (ip, method, path, host, headers, query) \
-                     or a named-limit call (limit, key, count, reserve, algorithm, \
-                     algorithm_config), not both"
+                     or a named-limit call (limit, key, count, reserve, refund, force, \
+                     algorithm, algorithm_config), not both"
                 );
             }
             let inline = match (raw.algorithm, raw.algorithm_config) {
@@ -81,11 +87,21 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                 }
                 (None, Some(_)) => bail!("`algorithm_config` needs the `algorithm` it configures"),
             };
+            let count = raw.count.unwrap_or(1.0);
+            let reserve = raw.reserve.unwrap_or(false);
+            let settle = match (raw.refund.unwrap_or(false), raw.force.unwrap_or(false)) {
+                (false, false) => None,
+                (true, true) => bail!("an event refunds or forces a charge, not both"),
+                _ if reserve => bail!("a refund or a forced charge takes no `reserve`"),
+                (true, false) => Some(Settle::Refund(count)),
+                (false, true) => Some(Settle::Charge(count)),
+            };
             Event::Call(Call {
                 limit,
                 key: raw.key.unwrap_or_default(),
-                count: raw.count.unwrap_or(1.0),
-                reserve: raw.reserve.unwrap_or(false),
+                count,
+                reserve,
+                settle,
                 inline,
             })
         }
@@ -94,13 +110,15 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                 raw.key.is_some(),
                 raw.count.is_some(),
                 raw.reserve.is_some(),
+                raw.refund.is_some(),
+                raw.force.is_some(),
                 raw.algorithm.is_some(),
                 raw.algorithm_config.is_some(),
             ];
             if call_fields.into_iter().any(|present| present) {
                 bail!(
-                    "`key`, `count`, `reserve`, `algorithm` and `algorithm_config` belong to \
-                     named-limit calls, which need `limit`"
+                    "`key`, `count`, `reserve`, `refund`, `force`, `algorithm` and \
+                     `algorithm_config` belong to named-limit calls, which need `limit`"
                 );
             }
             let ip = raw
@@ -145,10 +163,26 @@ mod tests {
             Event::Call(Call {
                 count: 2.5,
                 reserve: false,
+                settle: None,
                 inline: None,
                 ..
             })
         ));
+        for (line, want) in [
+            (
+                r#"{"t": 1, "limit": "l", "count": 3, "refund": true}"#,
+                Settle::Refund(3.0),
+            ),
+            (
+                r#"{"t": 1, "limit": "l", "count": 4, "force": true}"#,
+                Settle::Charge(4.0),
+            ),
+        ] {
+            let Event::Call(call) = parse(line).unwrap().1 else {
+                panic!("call expected")
+            };
+            assert_eq!(call.settle, Some(want), "{line}");
+        }
         let inline = r#"{"t": 1, "limit": "q", "key": "u", "algorithm": "token_bucket", "algorithm_config": {"rps": 2}}"#;
         let Event::Call(call) = parse(inline).unwrap().1 else {
             panic!("call expected")
@@ -173,6 +207,15 @@ mod tests {
                 "needs the `algorithm`",
             ),
             (r#"{"t": 1, "heders": {}}"#, "unknown field `heders`"),
+            (r#"{"t": 1, "refund": true}"#, "need `limit`"),
+            (
+                r#"{"t": 1, "limit": "l", "refund": true, "force": true}"#,
+                "not both",
+            ),
+            (
+                r#"{"t": 1, "limit": "l", "force": true, "reserve": true}"#,
+                "takes no `reserve`",
+            ),
             (r#"{"ip": "::1"}"#, "missing field `t`"),
             ("{", "EOF"),
         ];

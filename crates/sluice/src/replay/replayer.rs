@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::{FakeClock, MemoryStore, Mode, Nanos, Store, StoreError};
+use sluice_core::{FakeClock, MemoryStore, Mode, Nanos, Settle, Store, StoreError};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_policy::{Policy, RequestParts, StoreConfig, TrustedProxies};
 
@@ -90,6 +90,7 @@ impl<S: Store> Replayer<S> {
             key,
             count,
             reserve,
+            settle,
             inline,
         } = call;
         let (key, count, reserve) = (key.as_str(), *count, *reserve);
@@ -111,7 +112,13 @@ impl<S: Store> Replayer<S> {
         } else {
             Mode::CONSUME
         };
-        let line = match self.enforcer.decide_named(named, key, count, mode).await {
+        let result = match settle {
+            Some(change) => self.enforcer.settle_named(named, key, *change).await,
+            None => self.enforcer.decide_named(named, key, count, mode).await,
+        };
+        let line = match result {
+            // A refund admits nothing: it is no call to count.
+            Ok(d) if matches!(settle, Some(Settle::Refund(_))) => Line::decided(t, name, &d, true),
             Ok(d) => {
                 self.summary.call(name, key, count, &d);
                 Line::decided(t, name, &d, d.allowed)

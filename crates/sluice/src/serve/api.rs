@@ -19,7 +19,7 @@ use axum::routing::{MethodRouter, get, post};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
-use sluice_core::{Clock, Decision, Mode, Store, StoreError, SystemClock};
+use sluice_core::{Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_http::{denial, rate_limit_headers};
 use sluice_policy::RequestParts;
@@ -155,11 +155,12 @@ where
 
 /// Every route of the router. `/openapi.json` must describe each path,
 /// which the tests check against [`paths`].
-fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 9]
+fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 10]
 {
     [
         ("/v1/limit", post(limit::<C>)),
         ("/v1/check", post(check::<C>)),
+        ("/v1/refund", post(refund::<C>)),
         ("/v1/reset", post(reset::<C>)),
         ("/v1/value", get(value::<C>)),
         ("/v1/decide", post(decide::<C>)),
@@ -270,16 +271,15 @@ struct Call<'a> {
     limit: Cow<'a, str>,
     #[serde(borrow)]
     key: Cow<'a, str>,
-    #[serde(default = "one")]
-    count: f64,
+    count: Option<serde_json::Number>,
     #[serde(default)]
     reserve: bool,
+    /// Charge whatever the key holds, below zero if need be: a cost
+    /// settled after the fact (see [`Settle::Charge`]).
+    #[serde(default)]
+    force: bool,
     algorithm: Option<serde_json::Value>,
     algorithm_config: Option<serde_json::Value>,
-}
-
-fn one() -> f64 {
-    1.0
 }
 
 #[derive(Debug, Serialize)]
@@ -336,6 +336,31 @@ fn json_response<T: Serialize>(status: StatusCode, value: &T) -> Response {
     }
 }
 
+/// The count a body gives (1 when it gives none): a 400 for one below 0,
+/// and a 422 for a whole number above 2⁵³, which a double cannot hold
+/// exactly and would round into range.
+#[allow(clippy::result_large_err)]
+fn count_of(count: Option<&serde_json::Number>) -> Result<f64, Response> {
+    let Some(n) = count else {
+        return Ok(1.0);
+    };
+    if n.as_u64()
+        .is_some_and(|u| u > sluice_core::MAX_EXACT_TOKENS as u64)
+    {
+        return Err(problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!("`count` must be at most 2^53, got {n}"),
+        ));
+    }
+    match n.as_f64() {
+        Some(x) if x.is_finite() && x >= 0.0 => Ok(x),
+        _ => Err(problem(
+            StatusCode::BAD_REQUEST,
+            format!("`count` must be a finite number ≥ 0, got {n}"),
+        )),
+    }
+}
+
 fn unknown_limit(name: &str) -> Response {
     problem(
         StatusCode::NOT_FOUND,
@@ -362,12 +387,10 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
         Ok(c) => c,
         Err(res) => return res,
     };
-    if !call.count.is_finite() || call.count < 0.0 {
-        return problem(
-            StatusCode::BAD_REQUEST,
-            format!("`count` must be a finite number ≥ 0, got {}", call.count),
-        );
-    }
+    let count = match count_of(call.count.as_ref()) {
+        Ok(c) => c,
+        Err(res) => return res,
+    };
     let policy = state.enforcer.policy();
     let inline;
     let named = match (&call.algorithm, &call.algorithm_config) {
@@ -395,6 +418,24 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
             );
         }
     };
+    if call.force {
+        return match (consume, call.reserve) {
+            (true, false) => settled(
+                state
+                    .enforcer
+                    .settle_named(named, &call.key, Settle::Charge(count))
+                    .await,
+            ),
+            (false, _) => problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "a check changes nothing, so it cannot be forced: send `force` to /v1/limit".into(),
+            ),
+            (true, true) => problem(
+                StatusCode::UNPROCESSABLE_ENTITY,
+                "`force` charges at once whatever the key holds, so it takes no `reserve`".into(),
+            ),
+        };
+    }
     let mode = match (consume, call.reserve) {
         (false, r) => Mode {
             consume: false,
@@ -405,7 +446,7 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
     };
     match state
         .enforcer
-        .decide_named(named, &call.key, call.count, mode)
+        .decide_named(named, &call.key, count, mode)
         .await
     {
         Ok(d) => answer(d),
@@ -419,6 +460,45 @@ async fn limit<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: 
 
 async fn check<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
     call(&s, body, false).await
+}
+
+/// A settlement's answer: the key as it stands, always 200.
+fn settled(result: Result<Decision, StoreError>) -> Response {
+    match result {
+        Ok(d) => answer(d),
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// A `/v1/refund` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Refund {
+    limit: String,
+    key: String,
+    count: serde_json::Number,
+}
+
+/// Gives `count` tokens back to a key of a policy's limit, or of an inline
+/// limit the server knows, never above its capacity.
+async fn refund<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
+    let r: Refund = match json(body).await {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let count = match count_of(Some(&r.count)) {
+        Ok(c) => c,
+        Err(res) => return res,
+    };
+    let policy = s.enforcer.policy();
+    let Some(named) = s.enforcer.limit_named(&policy, &r.limit) else {
+        return unknown_limit(&r.limit);
+    };
+    settled(
+        s.enforcer
+            .settle_named(&named, &r.key, Settle::Refund(count))
+            .await,
+    )
 }
 
 /// Whether `headers` carry the admin token. Compared in constant time, so

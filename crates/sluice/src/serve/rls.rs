@@ -23,7 +23,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
-use sluice_core::{Algorithm, Clock, Decision, Outcome, Store};
+use sluice_core::{Algorithm, Clock, Decision, Outcome, Settle, Store};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_http::{PROBLEM_JSON, denial, rate_limit_headers};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
@@ -134,9 +134,11 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
             .iter()
             .map(|d| Descriptor(&d.entries))
             .collect();
-        // Every rule each descriptor matches, with the descriptor it belongs to.
+        // Every rule each descriptor matches, with the descriptor it belongs
+        // to; a negative-hits descriptor's rules are refunded instead.
         let mut hits: Vec<RuleHit<'_>> = Vec::new();
         let mut owner: Vec<usize> = Vec::new();
+        let mut refunds: Vec<(usize, RuleHit<'_>)> = Vec::new();
         for (i, (d, p)) in req.descriptors.iter().zip(&parts).enumerate() {
             let cost = hits_of(d, req.hits_addend);
             for mut hit in policy.matching_domain(&req.domain, p) {
@@ -144,12 +146,31 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
                 if let Some(o) = &d.limit {
                     hit.limit = overriding(enforcer, &policy, hit.rule, o);
                 }
-                hits.push(hit);
-                owner.push(i);
+                if d.is_negative_hits {
+                    refunds.push((i, hit));
+                } else {
+                    hits.push(hit);
+                    owner.push(i);
+                }
+            }
+        }
+        // Refunds first: what a request gives back, its other descriptors
+        // may use.
+        let mut refunded: Vec<(usize, &RuleHit<'_>, Decision)> = Vec::new();
+        for (i, hit) in &refunds {
+            if hit.missing {
+                continue;
+            }
+            // A failed refund is counted and logged by the enforcer; the
+            // descriptor is not over its limit either way.
+            if let Ok(d) = enforcer.settle_hit(hit, Settle::Refund(hit.cost)).await {
+                refunded.push((*i, hit, d));
             }
         }
         let verdict = enforcer.decide(&hits).await;
-        Ok(Response::new(response(&req, &hits, &owner, &verdict)))
+        Ok(Response::new(response(
+            &req, &hits, &owner, &verdict, &refunded,
+        )))
     }
 }
 
@@ -237,13 +258,10 @@ impl sluice_policy::Request for Descriptor<'_> {
     }
 }
 
-/// The cost of one descriptor: its own `hits_addend` when set, else the
-/// request's, where 0 means 1. Sluice cannot hand tokens back, so a
-/// negative-hits descriptor (a refund) costs nothing and changes nothing.
+/// The hits of one descriptor: its own `hits_addend` when set, else the
+/// request's, where 0 means 1. For a negative-hits descriptor, the tokens
+/// to give back.
 fn hits_of(d: &RateLimitDescriptor, request_hits: u32) -> f64 {
-    if d.is_negative_hits {
-        return 0.0;
-    }
     match &d.hits_addend {
         Some(h) => h.value as f64,
         None => f64::from(request_hits.max(1)),
@@ -257,6 +275,7 @@ fn response(
     hits: &[RuleHit<'_>],
     owner: &[usize],
     verdict: &Verdict,
+    refunded: &[(usize, &RuleHit<'_>, Decision)],
 ) -> RateLimitResponse {
     // The verdict lists enforced rules in the order of their hits.
     let enforced: Vec<(usize, &RuleHit<'_>)> = hits
@@ -268,6 +287,9 @@ fn response(
     let refused = verdict.refusal.as_ref().map(|(rule, _)| rule.as_str());
     let statuses = (0..req.descriptors.len())
         .map(|i| {
+            if req.descriptors[i].is_negative_hits {
+                return refund_status(refunded.iter().filter(|(owner, ..)| *owner == i));
+            }
             let mine: Vec<(&RuleHit<'_>, Option<Decision>)> = enforced
                 .iter()
                 .enumerate()
@@ -349,6 +371,29 @@ fn status(mine: &[(&RuleHit<'_>, Option<Decision>)], refused: Option<&str>) -> D
         limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
         duration_until_reset: Some(duration(d.reset)),
         ..DescriptorStatus::default()
+    }
+}
+
+/// A negative-hits descriptor's status: never over its limit, with what
+/// the most restrictive of its enforced rules holds after the refund.
+fn refund_status<'a, 'h: 'a>(
+    refunded: impl Iterator<Item = &'a (usize, &'a RuleHit<'h>, Decision)>,
+) -> DescriptorStatus {
+    let tightest = refunded
+        .filter(|(_, hit, _)| hit.rule.mode() == Enforcement::Enforce)
+        .min_by_key(|(_, _, d)| d.remaining);
+    match tightest {
+        Some((_, hit, d)) => DescriptorStatus {
+            code: Code::Ok as i32,
+            current_limit: Some(current_limit(hit)),
+            limit_remaining: u32::try_from(d.remaining).unwrap_or(u32::MAX),
+            duration_until_reset: Some(duration(d.reset)),
+            ..DescriptorStatus::default()
+        },
+        None => DescriptorStatus {
+            code: Code::Ok as i32,
+            ..DescriptorStatus::default()
+        },
     }
 }
 

@@ -24,6 +24,16 @@ pub(crate) fn metrics_page<C: Clock>(metrics: Option<&Metrics>, store: &AnyStore
     if let Some(n) = store.keys_held() {
         ::metrics::gauge!("sluice_keys").set(n as f64);
     }
+    if let Some(s) = store.redis_stats() {
+        ::metrics::counter!("sluice_redis_transactions_total", "decided_by" => "redis")
+            .absolute(s.remote);
+        ::metrics::counter!("sluice_redis_transactions_total", "decided_by" => "deny_cache")
+            .absolute(s.local_denials);
+        ::metrics::counter!("sluice_redis_script_calls_total").absolute(s.script_calls);
+        ::metrics::counter!("sluice_redis_invalidations_total").absolute(s.invalidations);
+        ::metrics::counter!("sluice_redis_subscription_losses_total")
+            .absolute(s.subscription_losses);
+    }
     (
         [(
             header::CONTENT_TYPE,

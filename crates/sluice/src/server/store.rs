@@ -1,10 +1,11 @@
 //! The store a server runs on, chosen at start-up: in memory or Redis.
 
 use sluice_core::{
-    Clock, Limit, MemoryStore, Mode, Op, Outcome, Store, StoreError, SystemClock, Value,
+    Clock, Decision, Limit, MemoryStore, Mode, Op, Outcome, Settle, Store, StoreError, SystemClock,
+    Value,
 };
 use sluice_policy::StoreConfig;
-use sluice_redis::{RedisConfig, RedisStore};
+use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 
 /// Either store, behind the one [`Store`] trait. The memory store's clock
 /// is a parameter so that tests can run the server in virtual time.
@@ -54,6 +55,14 @@ impl<C: Clock> AnyStore<C> {
         }
     }
 
+    /// What the Redis store has done, for its metrics; `None` in memory.
+    pub fn redis_stats(&self) -> Option<RedisStats> {
+        match self {
+            AnyStore::Memory(_) => None,
+            AnyStore::Redis(r) => Some(r.stats()),
+        }
+    }
+
     /// Keys held in process, for the `sluice_keys` gauge (Redis keeps its
     /// own count).
     pub fn keys_held(&self) -> Option<usize> {
@@ -86,6 +95,18 @@ impl<C: Clock + Send + Sync> Store for AnyStore<C> {
         match self {
             AnyStore::Memory(m) => Ok(m.value_now(limit, key)),
             AnyStore::Redis(r) => r.value(limit, key).await,
+        }
+    }
+
+    async fn settle(
+        &self,
+        limit: &Limit,
+        key: &str,
+        change: Settle,
+    ) -> Result<Decision, StoreError> {
+        match self {
+            AnyStore::Memory(m) => m.settle_now(limit, key, change),
+            AnyStore::Redis(r) => r.settle(limit, key, change).await,
         }
     }
 }
