@@ -54,6 +54,7 @@ pub async fn run_token_bucket_and_fixed_window<St: Store>(store: &St, clock: &Fa
     shards_admit_the_whole_burst(store, clock).await;
     agrees_with_the_pure_algorithm(store, clock).await;
     settling_refunds_up_to_capacity_and_charges_below_zero(store, clock).await;
+    a_penalty_gate_shuts_for_exactly_its_penalty(store, clock).await;
 }
 
 /// The checks of the sliding window and the sliding log.
@@ -674,6 +675,41 @@ pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
     let d = settle(store, &sharded, "k", Settle::Refund(4.0)).await;
     assert_eq!((d.limit, d.remaining), (8.0, 4));
     assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 4.0);
+}
+
+/// The state a penalty keeps (see sluice-policy's `Penalty`): a token
+/// bucket of capacity 0 refilling one token per penalty, open to a call of
+/// cost 0 while it holds nothing, shut by a forced charge of 1 for exactly
+/// the penalty, and telling the rest of it as `retry_after`.
+pub async fn a_penalty_gate_shuts_for_exactly_its_penalty<St: Store>(
+    store: &St,
+    clock: &FakeClock,
+) {
+    let gate = Limit::new(
+        "conf-gate",
+        TokenBucket::per_period(1.0, Nanos(10 * S))
+            .unwrap()
+            .with_burst(0.0)
+            .unwrap(),
+    );
+    assert!(one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
+    let shut = settle(store, &gate, "k", Settle::Charge(1.0)).await;
+    assert_eq!(shut.reset, 10.0);
+    let d = one(store, &gate, "k", 0.0, Mode::CONSUME).await;
+    assert_eq!((d.allowed, d.retry_after), (false, Some(10.0)));
+    step(clock, 10 * S - S / 1000);
+    let d = one(store, &gate, "k", 0.0, Mode::CONSUME).await;
+    let left = d.retry_after.unwrap();
+    assert!(!d.allowed && (left - 0.001).abs() < 1e-9, "{d:?}");
+    step(clock, S / 1000 - 1);
+    assert!(!one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
+    step(clock, 1);
+    assert!(one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
+    // Open again, and shut again by the next charge.
+    settle(store, &gate, "k", Settle::Charge(1.0)).await;
+    assert!(!one(store, &gate, "k", 0.0, Mode::CHECK).await.allowed);
+    store.reset(&gate, "k").await.unwrap();
+    assert!(one(store, &gate, "k", 0.0, Mode::CHECK).await.allowed);
 }
 
 /// The sliding algorithms settle by their own rules: a refund takes back

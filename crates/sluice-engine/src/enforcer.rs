@@ -6,7 +6,8 @@ use std::time::Instant;
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
 use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError};
-use sluice_policy::{Enforcement, NamedLimit, Policy, Request, Rule, RuleHit};
+use sluice_policy::{Enforcement, NamedLimit, Penalty, Policy, Request, Rule, RuleHit};
+use smallvec::SmallVec;
 
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::Meters;
@@ -279,7 +280,13 @@ impl<S: Store> Enforcer<S> {
     ) -> Result<Decision, StoreError> {
         let op = self.op(named.limit(), key, cost);
         let started = Instant::now();
-        let result = self.store.decide(op, mode).await;
+        let result = match named.penalty() {
+            None => self.store.decide(op, mode).await,
+            Some(_) => self
+                .gated(&[op], &[Owner::of_limit(named)], mode)
+                .await
+                .map(|out| out.decisions[0]),
+        };
         self.meters.decide().record(started.elapsed().as_secs_f64());
         let decision = match result {
             Ok(d) => d,
@@ -334,6 +341,31 @@ impl<S: Store> Enforcer<S> {
             change,
         )
         .await
+    }
+
+    /// Makes `key` of the named limit `named` full again, and lets it off
+    /// any penalty it is serving.
+    ///
+    /// ```
+    /// # use sluice_core::{MemoryStore, Mode};
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::Policy;
+    /// let policy = Policy::from_str("limits: {login: {algorithm: token_bucket, algorithm_config: {rate: 1, period: 1m}, penalty: 1h}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let login = policy.named_limit("login").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let call = || e.decide_named(login, "mallory", 1.0, Mode::CONSUME);
+    /// assert!(rt.block_on(call()).unwrap().allowed);
+    /// assert_eq!(rt.block_on(call()).unwrap().retry_after, Some(3600.0));
+    /// rt.block_on(e.reset_named(login, "mallory")).unwrap();
+    /// assert!(rt.block_on(call()).unwrap().allowed);
+    /// ```
+    pub async fn reset_named(&self, named: &NamedLimit, key: &str) -> Result<(), StoreError> {
+        if let Some(p) = named.penalty() {
+            self.store.reset(p.gate(), key).await?;
+        }
+        self.store.reset(named.limit(), key).await
     }
 
     /// Settles on the state a rule's hit names, as
@@ -439,7 +471,8 @@ impl<S: Store> Enforcer<S> {
             .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
-        let outcome = match self.transact(&ops, &rules).await {
+        let owners: Vec<Owner<'_>> = rules.iter().map(|r| Owner::of_rule(r)).collect();
+        let outcome = match self.transact(&ops, &owners).await {
             Ok(out) => out,
             Err(StoreError::Cost(e)) => {
                 let at = ops.iter().position(|op| op.validate(false).is_err());
@@ -484,7 +517,7 @@ impl<S: Store> Enforcer<S> {
     /// as the rule's `on_store_error` says.
     async fn shadow(&self, hit: &RuleHit<'_>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
-        match self.transact(&[op], &[hit.rule]).await {
+        match self.transact(&[op], &[Owner::of_rule(hit.rule)]).await {
             Ok(out) => out.allowed,
             Err(StoreError::Cost(_)) => false,
             Err(_) => hit.rule.on_store_error() == OnStoreError::Open,
@@ -495,20 +528,81 @@ impl<S: Store> Enforcer<S> {
         self.meters.count(rule.name(), rule.mode(), allowed);
     }
 
-    /// One store call, timed and counted; failures are counted by how the
-    /// rules in the call treat them.
-    async fn transact(&self, ops: &[Op<'_>], rules: &[&Rule]) -> Result<Outcome, StoreError> {
+    /// One rules' transaction, timed and counted; failures are counted by
+    /// how the rules in it treat them.
+    async fn transact(&self, ops: &[Op<'_>], owners: &[Owner<'_>]) -> Result<Outcome, StoreError> {
         let started = Instant::now();
-        let result = self.store.transact(ops, Mode::CONSUME).await;
+        let result = if owners.iter().all(|o| o.penalty.is_none()) {
+            self.store.transact(ops, Mode::CONSUME).await
+        } else {
+            self.gated(ops, owners, Mode::CONSUME).await
+        };
         self.meters
             .transact()
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result
             && !matches!(e, StoreError::Cost(_))
         {
-            self.store_failed(e, rules.iter().map(|r| (r.name(), r.on_store_error())));
+            self.store_failed(e, owners.iter().map(|o| (o.name, o.on_error)));
         }
         result
+    }
+
+    /// Decides `ops` (the `i`th for `owners[i]`) in `mode` together with the
+    /// gates of their owners' penalties (see [`Penalty`]), in one
+    /// transaction: a key serving a penalty is denied outright until it
+    /// ends, with the rest of it as `retry_after`; a key that an owner with
+    /// a penalty denies by its own limit starts serving one (a check starts
+    /// none), counted in `sluice_penalties_total`.
+    ///
+    /// The penalty starts with a second store call, made only on such a
+    /// denial, that closes the gate from the time the store makes it. A
+    /// call that the same key makes in between is decided by the limit
+    /// alone, which has just denied it: it is all but sure to be denied
+    /// too, and is never admitted beyond the limit.
+    async fn gated(
+        &self,
+        ops: &[Op<'_>],
+        owners: &[Owner<'_>],
+        mode: Mode,
+    ) -> Result<Outcome, StoreError> {
+        let mut all: Vec<Op<'_>> = ops.to_vec();
+        let gates: SmallVec<[Option<(usize, &Penalty)>; 2]> = ops
+            .iter()
+            .zip(owners)
+            .map(|(op, owner)| {
+                owner.penalty.map(|p| {
+                    all.push(Op::new(p.gate(), op.key, 0.0));
+                    (all.len() - 1, p)
+                })
+            })
+            .collect();
+        let out = self.store.transact(&all, mode).await?;
+        let mut decisions: SmallVec<[Decision; 2]> =
+            out.decisions.iter().take(ops.len()).copied().collect();
+        for (i, gate) in gates.iter().enumerate() {
+            let Some((g, penalty)) = *gate else { continue };
+            let (d, shut) = (decisions[i], out.decisions[g]);
+            if !shut.allowed {
+                decisions[i] = penalized(d, shut.retry_after.unwrap_or(0.0));
+            } else if !d.allowed && mode.consume {
+                match self
+                    .store
+                    .settle(penalty.gate(), ops[i].key, Settle::Charge(1.0))
+                    .await
+                {
+                    Ok(closed) => {
+                        decisions[i] = penalized(d, closed.reset);
+                        metrics::counter!("sluice_penalties_total", "rule" => owners[i].name.to_owned())
+                            .increment(1);
+                    }
+                    // The call is denied all the same; only its penalty
+                    // could not be recorded.
+                    Err(e) => self.store_failed(&e, [(owners[i].name, owners[i].on_error)]),
+                }
+            }
+        }
+        Ok(Outcome::from_decisions(decisions))
     }
 
     /// Counts a failed store call in `sluice_store_errors_total` for each
@@ -531,6 +625,45 @@ impl<S: Store> Enforcer<S> {
                 .increment(1);
         }
         self.meters.errors.failed(e);
+    }
+}
+
+/// Whose operation one is: a rule's or a named limit's, with what decides
+/// for it beside its limit.
+#[derive(Clone, Copy)]
+struct Owner<'p> {
+    name: &'p str,
+    on_error: OnStoreError,
+    penalty: Option<&'p Penalty>,
+}
+
+impl<'p> Owner<'p> {
+    fn of_rule(rule: &'p Rule) -> Owner<'p> {
+        Owner {
+            name: rule.name(),
+            on_error: rule.on_store_error(),
+            penalty: rule.penalty(),
+        }
+    }
+
+    fn of_limit(named: &'p NamedLimit) -> Owner<'p> {
+        Owner {
+            name: named.name(),
+            on_error: named.on_store_error(),
+            penalty: named.penalty(),
+        }
+    }
+}
+
+/// `d` for a key serving a penalty that has `wait` seconds left: denied
+/// outright, with nothing to spend, until then (or until `d`'s own wait, if
+/// that is longer).
+fn penalized(d: Decision, wait: f64) -> Decision {
+    Decision {
+        allowed: false,
+        remaining: 0,
+        retry_after: Some(d.retry_after.map_or(wait, |r| r.max(wait))),
+        ..d
     }
 }
 

@@ -5,7 +5,7 @@
 #![allow(clippy::unwrap_used)]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use sluice_core::{MemoryStore, Mode};
+use sluice_core::{MemoryStore, Mode, Settle};
 use sluice_engine::Enforcer;
 use sluice_policy::{Policy, RequestParts};
 
@@ -27,17 +27,12 @@ rules:
 /// A recorded counter: its name, labels and value.
 type Recorded = (String, Vec<(String, String)>, u64);
 
-/// The value of `sluice_decisions_total` with these labels, if recorded.
-fn decisions(snapshot: &[Recorded], labels: [&str; 3]) -> Option<u64> {
-    let want = [
-        ("rule", labels[0]),
-        ("outcome", labels[1]),
-        ("mode", labels[2]),
-    ];
+/// The value of counter `series` with these labels, if recorded.
+fn counter(snapshot: &[Recorded], series: &str, want: &[(&str, &str)]) -> Option<u64> {
     snapshot
         .iter()
         .find(|(name, l, _)| {
-            name == "sluice_decisions_total"
+            name == series
                 && want
                     .iter()
                     .all(|(k, v)| l.iter().any(|(lk, lv)| lk == k && lv == v))
@@ -45,30 +40,25 @@ fn decisions(snapshot: &[Recorded], labels: [&str; 3]) -> Option<u64> {
         .map(|(_, _, v)| *v)
 }
 
-#[test]
-fn decisions_are_counted_by_rule_outcome_and_mode() {
+/// The value of `sluice_decisions_total` with these labels, if recorded.
+fn decisions(snapshot: &[Recorded], labels: [&str; 3]) -> Option<u64> {
+    let want = [
+        ("rule", labels[0]),
+        ("outcome", labels[1]),
+        ("mode", labels[2]),
+    ];
+    counter(snapshot, "sluice_decisions_total", &want)
+}
+
+/// Runs `f` with a recorder of its own and returns the counters it left.
+fn recorded(f: impl FnOnce(&tokio::runtime::Runtime)) -> Vec<Recorded> {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let rt = tokio::runtime::Builder::new_current_thread()
         .build()
         .unwrap();
-    metrics::with_local_recorder(&recorder, || {
-        let enforcer = Enforcer::new(Policy::from_str(POLICY, "p").unwrap(), MemoryStore::new());
-        let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
-        // enforced: allowed, then denied twice; trial: allowed twice, then
-        // denied (a shadow rule is consulted even when an enforced one denies).
-        let policy = enforcer.policy();
-        for _ in 0..3 {
-            rt.block_on(enforcer.enforce(&policy, &req));
-        }
-        let send = policy.named_limit("send").unwrap();
-        for _ in 0..3 {
-            rt.block_on(enforcer.decide_named(send, "alice", 1.0, Mode::CONSUME))
-                .unwrap();
-        }
-    });
-
-    let snapshot: Vec<Recorded> = snapshotter
+    metrics::with_local_recorder(&recorder, || f(&rt));
+    snapshotter
         .snapshot()
         .into_vec()
         .into_iter()
@@ -83,7 +73,65 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
                 .collect();
             Some((name.as_str().to_owned(), labels, v))
         })
-        .collect();
+        .collect()
+}
+
+#[test]
+fn penalties_started_and_settlements_are_counted() {
+    let policy = "limits: {login: {algorithm: token_bucket, algorithm_config: {rate: 1, period: 1h, burst: 1}, penalty: 1m}}";
+    let snapshot = recorded(|rt| {
+        let enforcer = Enforcer::new(Policy::from_str(policy, "p").unwrap(), MemoryStore::new());
+        let policy = enforcer.policy();
+        let login = policy.named_limit("login").unwrap();
+        // Allowed, denied (a penalty starts), denied (serving it).
+        for _ in 0..3 {
+            rt.block_on(enforcer.decide_named(login, "mallory", 1.0, Mode::CONSUME))
+                .unwrap();
+        }
+        for change in [
+            Settle::Refund(1.0),
+            Settle::Charge(2.0),
+            Settle::Refund(1.0),
+        ] {
+            rt.block_on(enforcer.settle_named(login, "alice", change))
+                .unwrap();
+        }
+    });
+    assert_eq!(
+        counter(&snapshot, "sluice_penalties_total", &[("rule", "login")]),
+        Some(1)
+    );
+    assert_eq!(
+        decisions(&snapshot, ["login", "denied", "enforce"]),
+        Some(2)
+    );
+    let settled = |kind| {
+        counter(
+            &snapshot,
+            "sluice_settlements_total",
+            &[("limit", "login"), ("kind", kind)],
+        )
+    };
+    assert_eq!((settled("refund"), settled("charge")), (Some(2), Some(1)));
+}
+
+#[test]
+fn decisions_are_counted_by_rule_outcome_and_mode() {
+    let snapshot = recorded(|rt| {
+        let enforcer = Enforcer::new(Policy::from_str(POLICY, "p").unwrap(), MemoryStore::new());
+        let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+        // enforced: allowed, then denied twice; trial: allowed twice, then
+        // denied (a shadow rule is consulted even when an enforced one denies).
+        let policy = enforcer.policy();
+        for _ in 0..3 {
+            rt.block_on(enforcer.enforce(&policy, &req));
+        }
+        let send = policy.named_limit("send").unwrap();
+        for _ in 0..3 {
+            rt.block_on(enforcer.decide_named(send, "alice", 1.0, Mode::CONSUME))
+                .unwrap();
+        }
+    });
     assert_eq!(
         decisions(&snapshot, ["enforced", "allowed", "enforce"]),
         Some(1)

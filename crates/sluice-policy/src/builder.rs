@@ -318,6 +318,24 @@ impl RuleBuilder {
         self
     }
 
+    /// Denies a key the rule has denied outright for `penalty` (see
+    /// [`Penalty`](crate::Penalty)).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_core::Nanos;
+    /// use sluice_policy::{Policy, Rule};
+    /// let rule = Rule::builder("login").token_bucket(1.0, 5.0).penalty(Duration::from_secs(600));
+    /// let p = Policy::builder().rule(rule).build().unwrap();
+    /// assert_eq!(p.rules()[0].penalty().unwrap().duration(), Nanos(600 * Nanos::PER_SEC));
+    /// ```
+    #[must_use]
+    pub fn penalty(mut self, penalty: Duration) -> Self {
+        self.doc
+            .insert("penalty".into(), Value::from(penalty.as_secs_f64()));
+        self
+    }
+
     /// A windowed algorithm of `limit` per `period`.
     fn per_period(self, name: &str, limit: f64, period: Duration) -> Self {
         self.algorithm(name, [("rate", limit), ("period", period.as_secs_f64())])

@@ -17,10 +17,12 @@ use crate::condition::Condition;
 use crate::error::{Invalid, Pos, at};
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, CostSource, LimitKey};
+use crate::penalty::Penalty;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
 use crate::schema::{
     AlgorithmKind, Num, RawConfig, RawPolicy, RawRule, RawStore, RawTrustedProxies, StoreKind,
 };
+use crate::secs::Secs;
 
 /// The most shards a limit may be split into. A shard is a key of its own
 /// in the store, and a value or a reset visits every one.
@@ -82,6 +84,7 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
     let mut names = HashMap::new();
     for (name, limit) in raw.limits.map(|e| e.0).unwrap_or_default() {
         claim(&mut names, &name, "limit")?;
+        let penalty = penalty(&mut names, &name, limit.value.penalty.as_ref())?;
         let config = &limit.value.algorithm_config;
         let (built, capacity) = build(&name.value, limit.value.algorithm, config, &mut warnings)?;
         forbid_cost(&config.value)?;
@@ -91,13 +94,16 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
             limit: built,
             mode: limit.value.mode.unwrap_or_default(),
             on_store_error: limit.value.on_store_error.unwrap_or(policy.on_store_error),
+            penalty,
         });
     }
     let mut named_at = Vec::new();
     for rule in raw.rules.unwrap_or_default() {
         claim(&mut names, &rule.value.name, "rule")?;
         named_at.push(Pos::from(&rule.value.name));
-        let compiled = compile_rule(rule.value, &policy, &mut warnings)?;
+        let penalty = penalty(&mut names, &rule.value.name, rule.value.penalty.as_ref())?;
+        let mut compiled = compile_rule(rule.value, &policy, &mut warnings)?;
+        compiled.penalty = penalty;
         policy.rules.push(compiled);
     }
     warn_of_ungrouped_tiers(&policy.rules, &named_at, &mut warnings);
@@ -223,6 +229,7 @@ fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Res
             Some(g) if g.value.is_empty() => return Err(at(&g, "a group must not be empty")),
             g => g.map(|g| g.value),
         },
+        penalty: None,
     })
 }
 
@@ -299,6 +306,44 @@ fn trusted_proxies(
             Ok(proxies)
         }
     }
+}
+
+/// The longest penalty: a year, as long as a reservation may make a caller
+/// wait. Longer is almost surely a slip, and a key cannot be let off early
+/// but by a reset.
+const MAX_PENALTY: Nanos = sluice_core::RESERVATION_HORIZON;
+
+/// The penalty of the rule or limit `owner`, if it sets one, claiming the
+/// name of its gate's state so that no other rule or limit can share it.
+fn penalty(
+    names: &mut HashMap<String, (Pos, &'static str)>,
+    owner: &Spanned<String>,
+    raw: Option<&Spanned<Secs>>,
+) -> Result<Option<Penalty>, Invalid> {
+    let Some(p) = raw else {
+        return Ok(None);
+    };
+    let d = p.value.0;
+    if d < MIN_PERIOD || d > MAX_PENALTY {
+        return Err(at(
+            p,
+            format!(
+                "penalty is {} s; it must be from 1ms to a year",
+                d.as_secs_f64()
+            ),
+        ));
+    }
+    if d.0 % 1_000 != 0 {
+        return Err(at(p, whole_micros("penalty")));
+    }
+    let gate = Spanned {
+        value: Penalty::gate_name(&owner.value),
+        ..owner.clone()
+    };
+    claim(names, &gate, "penalty state")?;
+    Penalty::new(&owner.value, d)
+        .map(Some)
+        .map_err(|e| at(p, e.to_string()))
 }
 
 /// Records `name` as taken, refusing empty and duplicate names.

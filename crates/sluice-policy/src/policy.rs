@@ -11,6 +11,7 @@ use crate::condition::Condition;
 use crate::error::PolicyWarning;
 use crate::jwt::JwtVerifier;
 use crate::keys::{Cost, DEFAULT_IPV6_PREFIX, LimitKey, push_missing, push_part};
+use crate::penalty::Penalty;
 use crate::request::Request;
 use crate::settings::{Enforcement, OnMissing};
 
@@ -63,6 +64,7 @@ pub struct NamedLimit {
     pub(crate) limit: Limit,
     pub(crate) mode: Enforcement,
     pub(crate) on_store_error: OnStoreError,
+    pub(crate) penalty: Option<Penalty>,
 }
 
 impl NamedLimit {
@@ -111,6 +113,18 @@ impl NamedLimit {
     pub fn on_store_error(&self) -> OnStoreError {
         self.on_store_error
     }
+
+    /// How long a key this limit denies stays denied, if it says.
+    ///
+    /// ```
+    /// # use sluice_core::Nanos;
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("limits: {login: {algorithm: token_bucket, algorithm_config: {rate: 5, period: 1m}, penalty: 10m}}", "p").unwrap();
+    /// assert_eq!(p.limits()[0].penalty().unwrap().duration(), Nanos(600 * Nanos::PER_SEC));
+    /// ```
+    pub fn penalty(&self) -> Option<&Penalty> {
+        self.penalty.as_ref()
+    }
 }
 
 /// A request rule: conditions, key parts, a limit and a cost.
@@ -146,6 +160,7 @@ pub struct Rule {
     pub(crate) ipv6_prefix: u8,
     pub(crate) domain: Option<String>,
     pub(crate) group: Option<String>,
+    pub(crate) penalty: Option<Penalty>,
 }
 
 impl Rule {
@@ -214,6 +229,19 @@ impl Rule {
     /// ```
     pub fn mode(&self) -> Enforcement {
         self.mode
+    }
+
+    /// How long a key this rule denies stays denied, if it says.
+    ///
+    /// ```
+    /// # use sluice_core::Nanos;
+    /// # use sluice_policy::Policy;
+    /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}, penalty: 30s}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].penalty().unwrap().duration(), Nanos(30 * Nanos::PER_SEC));
+    /// assert_eq!(p.rules()[0].penalty().unwrap().gate().name(), "r:penalty");
+    /// ```
+    pub fn penalty(&self) -> Option<&Penalty> {
+        self.penalty.as_ref()
     }
 
     /// What to do when the store fails: the rule's own setting, else the

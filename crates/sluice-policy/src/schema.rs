@@ -61,6 +61,7 @@ pub(crate) struct RawLimit {
     pub(crate) algorithm_config: Spanned<RawConfig>,
     pub(crate) mode: Option<Enforcement>,
     pub(crate) on_store_error: Option<OnStoreError>,
+    pub(crate) penalty: Option<Spanned<Secs>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -77,6 +78,7 @@ pub(crate) struct RawRule {
     pub(crate) on_missing: Option<OnMissing>,
     pub(crate) domain: Option<Spanned<String>>,
     pub(crate) group: Option<Spanned<String>>,
+    pub(crate) penalty: Option<Spanned<Secs>>,
 }
 
 #[derive(Debug, Deserialize)]

@@ -649,3 +649,40 @@ fn likely_mistakes_are_warned_about_with_their_position() {
     let example = include_str!("../../../examples/policy.yaml");
     assert_eq!(warnings(example), Vec::<String>::new());
 }
+
+#[test]
+fn penalties_out_of_range_or_finer_than_a_microsecond() {
+    for (rest, needle) in [
+        ("    limit_keys: []\n    penalty: 0\n", "from 1ms to a year"),
+        (
+            "    limit_keys: []\n    penalty: 400d\n",
+            "from 1ms to a year",
+        ),
+        (
+            "    limit_keys: []\n    penalty: -5\n",
+            "from 1ms to a year",
+        ),
+        (
+            "    limit_keys: []\n    penalty: 0.0100000005\n",
+            "whole number of microseconds",
+        ),
+        (
+            "    limit_keys: []\n    penalty: soon\n",
+            "invalid duration",
+        ),
+    ] {
+        assert_err(&rule_with(rest), 6, 14, needle);
+    }
+}
+
+#[test]
+fn a_penalty_keeps_its_state_name_from_every_other_rule_and_limit() {
+    let text = "limits:\n  a: {algorithm: token_bucket, algorithm_config: {rps: 1}, penalty: 1m}\n  \
+                'a:penalty': {algorithm: token_bucket, algorithm_config: {rps: 1}}\n";
+    assert_err(
+        text,
+        3,
+        3,
+        "limit name `a:penalty` is already the name of a penalty state at line 2, column 3",
+    );
+}

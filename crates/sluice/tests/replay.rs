@@ -292,6 +292,45 @@ limits:
 }
 
 #[test]
+fn a_penalty_denies_a_key_outright_for_exactly_its_length() {
+    let policy = "
+rules:
+  - name: login
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 2}
+    penalty: 10s
+";
+    let ds = replay(
+        policy,
+        &[
+            req(0.0, "192.0.2.1"),
+            req(0.0, "192.0.2.1"),
+            req(0.0, "192.0.2.1"),
+            req(5.0, "192.0.2.1"),
+            req(9.999, "192.0.2.1"),
+            req(10.0, "192.0.2.1"),
+            req(10.0, "192.0.2.2"),
+        ],
+    );
+    assert_eq!(
+        column(&ds, "allowed"),
+        [true, true, false, false, false, true, true]
+    );
+    // The bucket alone would wait 1 s; the penalty, 10 from the denial, and
+    // denials meanwhile do not lengthen it.
+    assert_decision(&ds[2], false, 0, Some(10.0), 2.0);
+    assert_decision(&ds[3], false, 0, Some(5.0), 0.0);
+    assert!(
+        (ds[4]["retry_after"].as_f64().unwrap() - 0.001).abs() < 1e-9,
+        "{}",
+        ds[4]
+    );
+    // It refilled all along: full again at 10 s.
+    assert_decision(&ds[5], true, 1, None, 1.0);
+}
+
+#[test]
 fn a_sliding_log_admits_exactly_its_rate_over_any_period() {
     let policy = "
 limits:

@@ -186,14 +186,16 @@ async fn post(
 /// The LLM gateway's round on two servers sharing one Redis: one reserves
 /// 1000 tokens and refunds the 600 it did not use; the other, whose deny
 /// cache had learnt that the key is empty, admits a call of 600 as soon as
-/// the refund's announcement reaches it, not when refill would (36 minutes).
+/// the refund's announcement reaches it, not when refill would (in 18 days).
+/// The refill is that slow so that what it adds while the test runs, on a
+/// machine however busy, stays far below a hundredth of a token.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refund_on_one_server_reaches_another_servers_deny_cache_at_once() {
     let redis = redis::RedisServer::start();
     let (_dir, path) = policy_file(&format!(
         "store: {{kind: redis, url: \"{}\", timeout_ms: 2000}}\n\
          limits:\n  llm:\n    algorithm: token_bucket\n    \
-         algorithm_config: {{rate: 1000, period: 1h, max_reserved: 1000}}\n",
+         algorithm_config: {{rate: 1000, period: 30d, max_reserved: 1000}}\n",
         redis.url()
     ));
     let (_a, a, _) = spawn_serve(&path).await;
@@ -247,9 +249,11 @@ async fn a_refund_on_one_server_reaches_another_servers_deny_cache_at_once() {
         }
         assert_eq!(status, 429, "{d}");
         denied_meanwhile += 1;
+        // Milliseconds, measured; the bound leaves room for a machine
+        // busy with the other tests here, which saturate it.
         assert!(
-            refunded.elapsed() < Duration::from_secs(1),
-            "b still denies a second after the refund"
+            refunded.elapsed() < Duration::from_secs(5),
+            "b still denies 5 s after the refund"
         );
     }
     eprintln!(

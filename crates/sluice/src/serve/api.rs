@@ -545,7 +545,7 @@ async fn reset<C: Clock + Send + Sync>(
     let Some(named) = s.enforcer.limit_named(&policy, &r.limit) else {
         return unknown_limit(&r.limit);
     };
-    match s.enforcer.store().reset(named.limit(), &r.key).await {
+    match s.enforcer.reset_named(&named, &r.key).await {
         Ok(()) => (
             StatusCode::OK,
             axum::Json(serde_json::json!({"reset": true})),
