@@ -338,7 +338,7 @@ pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -
     let s = match alg {
         Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
         Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
             sliding_as_fixed(alg, state, offset, now)
         }
     };
@@ -369,7 +369,7 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     let span = match alg {
         Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
         Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
             let fw = alg.as_fixed();
             (missing / fw.rate()).ceil() * fw.period().0 as f64
         }
@@ -400,7 +400,10 @@ pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos
     }
     let ts = match alg {
         Algorithm::TokenBucket(_) => now,
-        Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => {
+        Algorithm::FixedWindow(_)
+        | Algorithm::SlidingWindow(_)
+        | Algorithm::SlidingLog(_)
+        | Algorithm::Concurrency(_) => {
             let fw = alg.as_fixed();
             window_start(now, fw.start().map_or(offset, |s| s.0), fw.period().0)
         }
@@ -426,9 +429,16 @@ fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
             let boundaries = (span as u64).div_ceil(fw.period().0 as u64) as f64;
             fw.capacity() - fw.rate() * boundaries
         }
-        // A sliding key may have used its whole rate until it is full.
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) if span > 0 => 0.0,
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => alg.capacity(),
+        // A sliding or concurrency key may have used its whole rate until
+        // it is full.
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_)
+            if span > 0 =>
+        {
+            0.0
+        }
+        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
+            alg.capacity()
+        }
     }
 }
 
@@ -461,6 +471,8 @@ pub fn refill_time_under(from: &Algorithm, to: &Algorithm, full_at: Nanos, now: 
         // period after its last entry, a sliding window two periods after
         // the start of the window of its last count.
         Algorithm::SlidingLog(sl) => sl.period().0 as f64,
+        // As if every slot had just been taken: free a lease from now.
+        Algorithm::Concurrency(c) => c.lease().0 as f64,
         Algorithm::SlidingWindow(sw) => 2.0 * sw.period().0 as f64,
     };
     Nanos(now.0.saturating_add(span as i64))

@@ -33,6 +33,9 @@ pub enum ConfigError {
     /// The rate is more tokens than can be counted exactly.
     #[error("rate must be at most {MAX_EXACT_TOKENS}, got {0}")]
     TooManyTokens(f64),
+    /// A concurrency limit's slots are whole, and bounded.
+    #[error("max must be a whole number from 1 to {MAX_SLOTS}, got {0}")]
+    Slots(f64),
 }
 
 /// How long a reservation may make its caller wait: one year. A reservation
@@ -376,6 +379,66 @@ impl SlidingLog {
     }
 }
 
+/// The most slots a concurrency limit may have per key (and so the most
+/// leases a key can hold): every lease is kept until it is released or
+/// expires.
+pub const MAX_SLOTS: f64 = 16_384.0;
+
+/// In-flight calls: at most `max` slots held at once per key. A call
+/// takes its slots with a lease, and gives them back when it releases the
+/// lease, or when the lease expires, `lease` after it was taken, if it
+/// never does (a caller that died). No reservations.
+///
+/// ```
+/// use sluice_core::{Concurrency, Nanos};
+/// let c = Concurrency::new(2.0, Nanos(60 * Nanos::PER_SEC)).unwrap();
+/// assert_eq!((c.max(), c.lease()), (2.0, Nanos(60 * Nanos::PER_SEC)));
+/// assert!(Concurrency::new(1.5, Nanos(1)).is_err());
+/// assert!(Concurrency::new(2.0, Nanos(0)).is_err());
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Concurrency {
+    max: f64,
+    lease: Nanos,
+}
+
+impl Concurrency {
+    /// `max` slots per key (a whole number from 1 to [`MAX_SLOTS`]), each
+    /// lease expiring after `lease`.
+    pub fn new(max: f64, lease: Nanos) -> Result<Self, ConfigError> {
+        if lease.0 <= 0 {
+            return Err(ConfigError::Period(lease.as_secs_f64()));
+        }
+        if !((1.0..=MAX_SLOTS).contains(&max) && max.fract() == 0.0) {
+            return Err(ConfigError::Slots(max));
+        }
+        Ok(Concurrency { max, lease })
+    }
+
+    /// The most slots a key may hold at once.
+    #[inline]
+    pub fn max(&self) -> f64 {
+        self.max
+    }
+
+    /// How long a lease holds its slots if it is never released.
+    #[inline]
+    pub fn lease(&self) -> Nanos {
+        self.lease
+    }
+
+    /// The sliding log that counts the same: every lease an entry taken at
+    /// its acquisition and leaving the window when it expires, so that
+    /// [`crate::sliding::LogReading`] decides both alike.
+    #[inline]
+    pub fn as_log(&self) -> SlidingLog {
+        SlidingLog {
+            rate: self.max,
+            period: self.lease,
+        }
+    }
+}
+
 /// The algorithm of a limit with its parameters.
 ///
 /// ```
@@ -396,6 +459,8 @@ pub enum Algorithm {
     SlidingWindow(SlidingWindow),
     /// See [`SlidingLog`].
     SlidingLog(SlidingLog),
+    /// See [`Concurrency`].
+    Concurrency(Concurrency),
 }
 
 impl From<TokenBucket> for Algorithm {
@@ -422,9 +487,15 @@ impl From<SlidingLog> for Algorithm {
     }
 }
 
+impl From<Concurrency> for Algorithm {
+    fn from(c: Concurrency) -> Self {
+        Algorithm::Concurrency(c)
+    }
+}
+
 impl Algorithm {
-    /// The most tokens a key can hold: the burst, the window capacity, or
-    /// a sliding algorithm's rate.
+    /// The most tokens a key can hold: the burst, the window capacity, a
+    /// sliding algorithm's rate, or a concurrency limit's slots.
     #[inline]
     pub fn capacity(&self) -> f64 {
         match self {
@@ -432,21 +503,25 @@ impl Algorithm {
             Algorithm::FixedWindow(fw) => fw.capacity,
             Algorithm::SlidingWindow(sw) => sw.rate,
             Algorithm::SlidingLog(sl) => sl.rate,
+            Algorithm::Concurrency(c) => c.max,
         }
     }
 
     /// How far below zero a reservation may go; `None` is unlimited (and,
-    /// for the sliding algorithms, which take no reservations, irrelevant).
+    /// for the algorithms that take no reservations, irrelevant).
     #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         match self {
             Algorithm::TokenBucket(tb) => tb.max_reserved,
             Algorithm::FixedWindow(fw) => fw.max_reserved,
-            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => None,
+            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
+                None
+            }
         }
     }
 
-    /// Whether calls may reserve: false for the sliding algorithms.
+    /// Whether calls may reserve: false for the sliding algorithms and
+    /// concurrency.
     ///
     /// ```
     /// use sluice_core::{Algorithm, Nanos, SlidingLog, TokenBucket};
@@ -456,14 +531,15 @@ impl Algorithm {
     /// ```
     #[inline]
     pub fn reserves(&self) -> bool {
-        !self.is_sliding()
+        self.is_flat()
     }
 
-    /// Whether this is a sliding window or a sliding log, whose states are
-    /// not two numbers (see [`crate::sliding`]).
+    /// Whether a key's state is two numbers (a token bucket and a fixed
+    /// window): the sliding algorithms and concurrency keep more (see
+    /// [`crate::sliding`] and [`crate::concurrency`]).
     #[inline]
-    pub(crate) fn is_sliding(&self) -> bool {
-        matches!(self, Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_))
+    pub(crate) fn is_flat(&self) -> bool {
+        matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
     /// The name a policy file gives the algorithm.
@@ -479,10 +555,12 @@ impl Algorithm {
             Algorithm::FixedWindow(_) => "fixed_window",
             Algorithm::SlidingWindow(_) => "sliding_window",
             Algorithm::SlidingLog(_) => "sliding_log",
+            Algorithm::Concurrency(_) => "concurrency",
         }
     }
 
-    /// The period of a windowed algorithm, `None` for a token bucket.
+    /// The period of a windowed algorithm, `None` for a token bucket and
+    /// for concurrency, which counts calls in flight, not over a window.
     ///
     /// ```
     /// use sluice_core::{Algorithm, Nanos, SlidingLog, TokenBucket};
@@ -493,7 +571,7 @@ impl Algorithm {
     #[inline]
     pub fn window(&self) -> Option<Nanos> {
         match self {
-            Algorithm::TokenBucket(_) => None,
+            Algorithm::TokenBucket(_) | Algorithm::Concurrency(_) => None,
             Algorithm::FixedWindow(fw) => Some(fw.period),
             Algorithm::SlidingWindow(sw) => Some(sw.period),
             Algorithm::SlidingLog(sl) => Some(sl.period),
@@ -510,6 +588,7 @@ impl Algorithm {
             Algorithm::FixedWindow(fw) => return *fw,
             Algorithm::SlidingWindow(sw) => (sw.rate, sw.period, sw.start),
             Algorithm::SlidingLog(sl) => (sl.rate, sl.period, None),
+            Algorithm::Concurrency(c) => (c.max, c.lease, None),
         };
         FixedWindow {
             rate,
@@ -538,7 +617,9 @@ impl Algorithm {
             Algorithm::FixedWindow(fw) => {
                 fw.rate * (RESERVATION_HORIZON.0 / fw.period.0.max(1)) as f64
             }
-            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => 0.0,
+            Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
+                0.0
+            }
         };
         self.max_reserved()
             .unwrap_or(f64::INFINITY)
@@ -578,6 +659,7 @@ impl Algorithm {
             Algorithm::FixedWindow(fw) => (fw.capacity, fw.max_reserved),
             Algorithm::SlidingWindow(sw) => (sw.rate, None),
             Algorithm::SlidingLog(sl) => (sl.rate, None),
+            Algorithm::Concurrency(c) => (c.max, None),
         };
         let reserved = if reserve || max_reserved.is_some() {
             self.reservable()
@@ -612,6 +694,10 @@ impl Algorithm {
                 rate: sl.rate / n,
                 ..sl
             }),
+            Algorithm::Concurrency(c) => Algorithm::Concurrency(Concurrency {
+                max: c.max / n,
+                ..c
+            }),
         }
     }
 }
@@ -633,7 +719,9 @@ struct Facts {
     capacity: f64,
     /// [`Algorithm::max_cost`] without and with reserving.
     max_cost: [f64; 2],
-    sliding: bool,
+    flat: bool,
+    /// Whether calls take leases (a concurrency limit).
+    leases: bool,
     /// The period of windows aligned per key (no `start`), whose offset is
     /// a hash of the key modulo it.
     own_windows: Option<i64>,
@@ -649,7 +737,8 @@ impl Facts {
         Facts {
             capacity: alg.capacity(),
             max_cost: [alg.max_cost(false), alg.max_cost(true)],
-            sliding: alg.is_sliding(),
+            flat: alg.is_flat(),
+            leases: matches!(alg, Algorithm::Concurrency(_)),
             own_windows,
         }
     }
@@ -757,10 +846,17 @@ impl Limit {
         self.inner.facts.max_cost[usize::from(reserve)]
     }
 
-    /// Whether the shard algorithm is a sliding one.
+    /// Whether the shard algorithm keeps two numbers a key (see
+    /// [`Algorithm::is_flat`]).
     #[inline]
-    pub(crate) fn is_sliding(&self) -> bool {
-        self.inner.facts.sliding
+    pub(crate) fn is_flat(&self) -> bool {
+        self.inner.facts.flat
+    }
+
+    /// Whether calls take leases: a concurrency limit.
+    #[inline]
+    pub fn takes_leases(&self) -> bool {
+        self.inner.facts.leases
     }
 
     /// The period of the shard algorithm's windows when each key has its

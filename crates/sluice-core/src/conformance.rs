@@ -24,8 +24,8 @@ use std::time::Duration;
 use crate::algorithm::{State, evaluate, key_offset};
 use crate::sliding::{Log, WindowState, window_evaluate};
 use crate::{
-    Algorithm, Clock, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore, Mode, Nanos,
-    Op, Settle, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
+    Algorithm, Clock, Concurrency, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore,
+    Mode, Nanos, Op, Settle, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -68,6 +68,9 @@ pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
     sliding_same_key_twice_pays_twice(store, clock).await;
     a_change_of_kind_never_grants_a_burst(store, clock).await;
     sliding_settles_like_the_others(store, clock).await;
+    concurrency_holds_at_most_max_in_flight(store, clock).await;
+    concurrency_refuses_what_it_cannot_hold(store, clock).await;
+    a_lease_joins_a_transaction(store, clock).await;
     sliding_agrees_with_the_pure_algorithm(store, clock).await;
     transactions_agree_with_the_memory_store(store, clock).await;
 }
@@ -757,6 +760,132 @@ pub async fn sliding_settles_like_the_others<St: Store>(store: &St, clock: &Fake
     assert!(!one(store, &window, "k", 1.0, Mode::CHECK).await.allowed);
 }
 
+/// A concurrency limit admits calls while their slots, with those of the
+/// leases still held, come to at most `max`; a release gives a lease's
+/// slots back at once, and only once; a lease never released gives them
+/// back when it expires, exactly a lease after it was taken, which is the
+/// wait a denial is told.
+pub async fn concurrency_holds_at_most_max_in_flight<St: Store>(store: &St, clock: &FakeClock) {
+    let l = Limit::new(
+        "conf-inflight",
+        Concurrency::new(2.0, Nanos(10 * S)).unwrap(),
+    );
+    let take = |slots: f64| Op::new(&l, "k", slots);
+    let a = take(1.0);
+    let d = store.decide(a, Mode::CONSUME).await.unwrap();
+    assert_eq!(
+        (d.allowed, d.limit, d.remaining, d.reset),
+        (true, 2.0, 1, 10.0)
+    );
+    step(clock, S);
+    let b = take(1.0);
+    assert!(store.decide(b, Mode::CONSUME).await.unwrap().allowed);
+    let d = store.decide(take(1.0), Mode::CONSUME).await.unwrap();
+    assert_eq!((d.allowed, d.remaining), (false, 0));
+    assert_eq!(
+        d.retry_after,
+        Some(9.0),
+        "a's lease expires 10 s after it was taken"
+    );
+    assert!(store.release(&l, "k", a.lease).await.unwrap());
+    assert!(
+        !store.release(&l, "k", a.lease).await.unwrap(),
+        "released once"
+    );
+    assert!(!store.release(&l, "k", 12345).await.unwrap(), "never taken");
+    assert_eq!(store.value(&l, "k").await.unwrap().tokens, 1.0);
+    let c = take(1.0);
+    assert!(store.decide(c, Mode::CONSUME).await.unwrap().allowed);
+    assert!(!store.decide(take(1.0), Mode::CHECK).await.unwrap().allowed);
+    assert!(store.release(&l, "k", c.lease).await.unwrap());
+    // b is never released: its slot comes back 10 s after it was taken.
+    step(clock, 10 * S - 1);
+    let d = store.decide(take(2.0), Mode::CHECK).await.unwrap();
+    assert_eq!((d.allowed, d.retry_after), (false, Some(1e-9)));
+    step(clock, 1);
+    assert!(store.decide(take(2.0), Mode::CHECK).await.unwrap().allowed);
+    assert!(!store.release(&l, "k", b.lease).await.unwrap(), "b expired");
+    // Several slots at once.
+    let both = take(2.0);
+    assert!(store.decide(both, Mode::CONSUME).await.unwrap().allowed);
+    assert_eq!(store.value(&l, "k").await.unwrap().tokens, 0.0);
+    assert!(store.release(&l, "k", both.lease).await.unwrap());
+    assert_eq!(store.value(&l, "k").await.unwrap().tokens, 2.0);
+    // A sharded limit finds a lease in whichever shard took it.
+    let sharded = Limit::new(
+        "conf-inflight-shards",
+        Concurrency::new(4.0, Nanos(10 * S)).unwrap(),
+    )
+    .with_shards(2)
+    .unwrap();
+    let ops: Vec<Op<'_>> = (0..4)
+        .map(|i| Op::new(&sharded, "k", 1.0).with_pick(i))
+        .collect();
+    for op in &ops {
+        assert!(store.decide(*op, Mode::CONSUME).await.unwrap().allowed);
+    }
+    assert!(
+        !store
+            .decide(Op::new(&sharded, "k", 1.0), Mode::CHECK)
+            .await
+            .unwrap()
+            .allowed
+    );
+    for op in &ops {
+        assert!(store.release(&sharded, "k", op.lease).await.unwrap());
+    }
+    assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 4.0);
+    // Any other limit holds no leases.
+    let bucket = Limit::new("conf-inflight-bucket", tb(1.0, 1.0));
+    assert!(!store.release(&bucket, "k", a.lease).await.unwrap());
+}
+
+/// What a concurrency limit refuses as errors: a count that is not whole
+/// slots, more slots than it has, a reservation, a settlement.
+pub async fn concurrency_refuses_what_it_cannot_hold<St: Store>(store: &St, _clock: &FakeClock) {
+    let l = Limit::new(
+        "conf-inflight-errors",
+        Concurrency::new(3.0, Nanos(10 * S)).unwrap(),
+    );
+    let err = |r: Result<Decision, StoreError>| match r {
+        Err(StoreError::Cost(e)) => e,
+        other => panic!("expected a cost error, got {other:?}"),
+    };
+    let e = err(store.decide(Op::new(&l, "k", 1.5), Mode::CONSUME).await);
+    assert!(matches!(e, CostError::Slots { .. }), "{e:?}");
+    let e = err(store.decide(Op::new(&l, "k", 4.0), Mode::CONSUME).await);
+    assert!(matches!(e, CostError::Impossible { .. }), "{e:?}");
+    let e = err(store.decide(Op::new(&l, "k", 1.0), Mode::RESERVE).await);
+    assert!(matches!(e, CostError::NoReservations { .. }), "{e:?}");
+    let e = err(store.settle(&l, "k", Settle::Refund(1.0)).await);
+    assert!(matches!(e, CostError::Unsettleable { .. }), "{e:?}");
+    // Nothing was taken by any of them.
+    assert_eq!(store.value(&l, "k").await.unwrap().tokens, 3.0);
+}
+
+/// A lease is taken only if its whole transaction is admitted.
+pub async fn a_lease_joins_a_transaction<St: Store>(store: &St, _clock: &FakeClock) {
+    let inflight = Limit::new(
+        "conf-inflight-txn",
+        Concurrency::new(1.0, Nanos(10 * S)).unwrap(),
+    );
+    let bucket = Limit::new("conf-inflight-txn-rate", tb(0.001, 1.0));
+    let first = [Op::new(&inflight, "k", 1.0), Op::new(&bucket, "k", 1.0)];
+    assert!(store.transact(&first, Mode::CONSUME).await.unwrap().allowed);
+    assert!(store.release(&inflight, "k", first[0].lease).await.unwrap());
+    // The bucket is empty now: the slot is free, but not taken.
+    let second = [Op::new(&inflight, "k", 1.0), Op::new(&bucket, "k", 1.0)];
+    let out = store.transact(&second, Mode::CONSUME).await.unwrap();
+    assert!(!out.allowed && out.decisions[0].allowed);
+    assert!(
+        !store
+            .release(&inflight, "k", second[0].lease)
+            .await
+            .unwrap()
+    );
+    assert_eq!(store.value(&inflight, "k").await.unwrap().tokens, 1.0);
+}
+
 /// A pseudo-random run of consumes, checks, resets and transactions on a few
 /// sliding keys decides exactly what the pure algorithms decide.
 pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock: &FakeClock) {
@@ -828,7 +957,7 @@ pub async fn sliding_agrees_with_the_pure_algorithm<St: Store>(store: &St, clock
 /// Cluster keeps each transaction on one slot.
 pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clock: &FakeClock) {
     let period = |s: f64| Nanos::from_secs_f64(s).unwrap();
-    let algs: [(Algorithm, u32); 6] = [
+    let algs: [(Algorithm, u32); 8] = [
         (tb(2.0, 3.0).with_max_reserved(2.0).unwrap().into(), 1),
         (
             FixedWindow::new(3.0, period(2.0))
@@ -851,6 +980,8 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
                 .into(),
             3,
         ),
+        (Concurrency::new(3.0, period(2.0)).unwrap().into(), 1),
+        (Concurrency::new(4.0, period(3.0)).unwrap().into(), 2),
     ];
     let limits: Vec<Limit> = algs
         .iter()
@@ -863,6 +994,8 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
         .collect();
     let memory = MemoryStore::with_clock(clock.clone());
     let mut rng = fastrand::Rng::with_seed(23);
+    // The leases admitted calls took: limit, key, id.
+    let mut leases: Vec<(usize, String, u64)> = Vec::new();
     for i in 0..1500 {
         if rng.u8(..40) == 0 {
             // A clock that steps back, as a wall clock can.
@@ -878,6 +1011,19 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
                 memory.reset_now(l, &key);
                 continue;
             }
+            5..=7 if !leases.is_empty() => {
+                let (l, key, id) = leases.swap_remove(rng.usize(..leases.len()));
+                // Now and then, one released already: both say so.
+                let id = if rng.u8(..4) == 0 { id ^ 1 } else { id };
+                let got = store.release(&limits[l], &key, id).await.unwrap();
+                assert_eq!(
+                    got,
+                    memory.release_now(&limits[l], &key, id),
+                    "step {i}: release {id} of {}",
+                    limits[l].name()
+                );
+                continue;
+            }
             3 | 4 => {
                 let amount = [0.5, 1.0, 2.5, 0.1, 7.0][rng.usize(..5)];
                 let change = if rng.bool() {
@@ -885,9 +1031,16 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
                 } else {
                     Settle::Charge(amount)
                 };
-                let got = store.settle(l, &key, change).await.unwrap();
-                let want = memory.settle_now(l, &key, change).unwrap();
-                assert_eq!(got, want, "step {i}: {change:?} on {}", l.name());
+                match (
+                    store.settle(l, &key, change).await,
+                    memory.settle_now(l, &key, change),
+                ) {
+                    (Ok(got), Ok(want)) => {
+                        assert_eq!(got, want, "step {i}: {change:?} on {}", l.name());
+                    }
+                    (Err(StoreError::Cost(a)), Err(StoreError::Cost(b))) => assert_eq!(a, b),
+                    (got, want) => panic!("step {i}: {change:?}: {got:?} against {want:?}"),
+                }
                 continue;
             }
             1 | 2 => {
@@ -903,15 +1056,28 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
             _ => {}
         }
         let mode = [Mode::CONSUME, Mode::CONSUME, Mode::CHECK, Mode::RESERVE][rng.usize(..4)];
-        let ops: Vec<Op<'_>> = (0..rng.usize(1..=3))
-            .map(|_| {
-                let l = &limits[rng.usize(..limits.len())];
+        let chosen: Vec<usize> = (0..rng.usize(1..=3))
+            .map(|_| rng.usize(..limits.len()))
+            .collect();
+        let ops: Vec<Op<'_>> = chosen
+            .iter()
+            .map(|&l| {
                 let cost = [1.0, 1.0, 0.5, 2.0, 0.1, 0.3, 0.0, 3.0][rng.usize(..8)];
-                Op::new(l, &key, cost).with_pick(rng.u64(..))
+                Op::new(&limits[l], &key, cost).with_pick(rng.u64(..))
             })
             .collect();
         let got = store.transact(&ops, mode).await;
         let want = memory.transact_now(&ops, mode);
+        if let Ok(out) = &want
+            && out.allowed
+            && mode.consume
+        {
+            for (&l, op) in chosen.iter().zip(&ops) {
+                if limits[l].takes_leases() && op.cost > 0.0 {
+                    leases.push((l, key.clone(), op.lease));
+                }
+            }
+        }
         let what = || {
             let names: Vec<_> = ops.iter().map(|o| (o.limit.name(), o.cost)).collect();
             format!("step {i}: {mode:?} {names:?} on {key}")

@@ -8,6 +8,7 @@
 //! [`Decision`] value, never an error.
 
 pub mod algorithm;
+pub mod concurrency;
 mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
@@ -18,8 +19,8 @@ pub mod store;
 mod time;
 
 pub use config::{
-    Algorithm, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, RESERVATION_HORIZON, SlidingLog,
-    SlidingWindow, TokenBucket,
+    Algorithm, Concurrency, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, MAX_SLOTS,
+    RESERVATION_HORIZON, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;

@@ -31,6 +31,24 @@ pub enum CostError {
         /// [`Algorithm::reservable`](crate::Algorithm::reservable)).
         max: f64,
     },
+    /// A call on a concurrency limit takes whole slots.
+    #[error("limit {limit:?} counts calls in flight in whole slots: a count of {cost} is not one")]
+    Slots {
+        /// The limit's name.
+        limit: String,
+        /// The count asked for.
+        cost: f64,
+    },
+    /// A concurrency limit's slots come back when their leases are
+    /// released, not by settling.
+    #[error(
+        "limit {limit:?} counts calls in flight: release a lease to give its slots back, \
+         rather than refund or force a charge"
+    )]
+    Unsettleable {
+        /// The limit's name.
+        limit: String,
+    },
     /// A refund or a forced charge of more tokens than can be counted
     /// exactly.
     #[error("a refund or a forced charge must be at most 2^53 tokens, got {0}")]
@@ -52,10 +70,11 @@ pub enum CostError {
 /// [`Store::settle`].
 ///
 /// ```
-/// use sluice_core::Settle;
-/// assert!(Settle::Refund(600.0).validate().is_ok());
-/// assert!(Settle::Charge(f64::NAN).validate().is_err());
-/// assert!(Settle::Charge(1e300).validate().is_err());
+/// use sluice_core::{Limit, Settle, TokenBucket};
+/// let llm = Limit::new("llm", TokenBucket::new(1000.0, 1000.0).unwrap());
+/// assert!(Settle::Refund(600.0).validate(&llm).is_ok());
+/// assert!(Settle::Charge(f64::NAN).validate(&llm).is_err());
+/// assert!(Settle::Charge(1e300).validate(&llm).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum Settle {
@@ -87,10 +106,16 @@ impl Settle {
         }
     }
 
-    /// Checks the amount: finite, ≥ 0, and at most
+    /// Checks the amount (finite, ≥ 0, and at most
     /// [`MAX_EXACT_TOKENS`](crate::MAX_EXACT_TOKENS), so that the key's
-    /// tokens stay exact.
-    pub fn validate(self) -> Result<(), CostError> {
+    /// tokens stay exact) and that `limit` counts tokens: a concurrency
+    /// limit's slots come back by releasing leases.
+    pub fn validate(self, limit: &Limit) -> Result<(), CostError> {
+        if limit.takes_leases() {
+            return Err(CostError::Unsettleable {
+                limit: limit.name().to_owned(),
+            });
+        }
         let n = self.amount();
         if !(n.is_finite() && n >= 0.0) {
             return Err(CostError::Invalid(n));
@@ -170,6 +195,9 @@ pub struct Op<'a> {
     pub cost: f64,
     /// Random bits choosing the two candidate shards of a sharded limit.
     pub pick: u64,
+    /// The id of the lease a call on a concurrency limit takes, with which
+    /// it releases its slots (see [`Store::release`]); 0 for the others.
+    pub lease: u64,
 }
 
 impl<'a> Op<'a> {
@@ -181,17 +209,35 @@ impl<'a> Op<'a> {
         } else {
             0
         };
+        let lease = if limit.takes_leases() {
+            crate::concurrency::lease_id()
+        } else {
+            0
+        };
         Op {
             limit,
             key,
             cost,
             pick,
+            lease,
         }
     }
 
     /// The same operation with chosen shard bits, for reproducible runs.
     pub fn with_pick(self, pick: u64) -> Op<'a> {
         Op { pick, ..self }
+    }
+
+    /// The same operation taking the lease `id` (nonzero, below 2⁵³), for
+    /// reproducible runs; only a concurrency limit takes one.
+    ///
+    /// ```
+    /// use sluice_core::{Concurrency, Limit, Nanos, Op};
+    /// let limit = Limit::new("uploads", Concurrency::new(2.0, Nanos(60 * Nanos::PER_SEC)).unwrap());
+    /// assert_eq!(Op::new(&limit, "k", 1.0).with_lease(9).lease, 9);
+    /// ```
+    pub fn with_lease(self, id: u64) -> Op<'a> {
+        Op { lease: id, ..self }
     }
 
     /// The two candidate shards (equal when the limit has one shard).
@@ -240,7 +286,8 @@ impl<'a> Op<'a> {
         if self.cost >= 0.0
             && self.cost <= max
             && self.cost != f64::INFINITY
-            && (!reserve || !self.limit.is_sliding())
+            && (!reserve || self.limit.is_flat())
+            && (!self.limit.takes_leases() || self.cost.fract() == 0.0)
         {
             return Ok(());
         }
@@ -254,6 +301,11 @@ impl<'a> Op<'a> {
             CostError::NoReservations {
                 limit: self.limit.name().to_owned(),
                 algorithm: alg.name(),
+            }
+        } else if self.limit.takes_leases() && self.cost.is_finite() && self.cost.fract() != 0.0 {
+            CostError::Slots {
+                limit: self.limit.name().to_owned(),
+                cost: self.cost,
             }
         } else if !(self.cost.is_finite() && self.cost >= 0.0) {
             CostError::Invalid(self.cost)
@@ -324,6 +376,18 @@ pub trait Store: Send + Sync {
         key: &str,
         change: Settle,
     ) -> impl Future<Output = Result<Decision, StoreError>> + Send;
+
+    /// Releases lease `id` of `key` on the concurrency limit `limit`,
+    /// giving back the slots the call that took it held. Returns whether
+    /// the lease was still held: releasing one that is unknown, expired or
+    /// already released changes nothing, and neither does releasing on
+    /// another kind of limit, which holds no leases.
+    fn release(
+        &self,
+        limit: &Limit,
+        key: &str,
+        id: u64,
+    ) -> impl Future<Output = Result<bool, StoreError>> + Send;
 
     /// Decides a single operation.
     fn decide(

@@ -445,7 +445,9 @@ impl Pure {
                     .unwrap_or(&empty)
                     .evaluate(sl, now, pending, cost)
             }
-            Algorithm::FixedWindow(_) => unreachable!("no fixed window in this run"),
+            Algorithm::FixedWindow(_) | Algorithm::Concurrency(_) => {
+                unreachable!("no fixed window nor concurrency in this run")
+            }
         }
     }
 
@@ -462,7 +464,9 @@ impl Pure {
                 self.window.insert(key, ev.next.unwrap());
             }
             Algorithm::SlidingLog(sl) => self.log.entry(key).or_default().commit(sl, now, cost),
-            Algorithm::FixedWindow(_) => unreachable!("no fixed window in this run"),
+            Algorithm::FixedWindow(_) | Algorithm::Concurrency(_) => {
+                unreachable!("no fixed window nor concurrency in this run")
+            }
         }
     }
 

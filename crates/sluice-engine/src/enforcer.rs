@@ -11,6 +11,7 @@ use smallvec::SmallVec;
 
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::Meters;
+use crate::slots::Held;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
@@ -242,9 +243,76 @@ impl<S: Store> Enforcer<S> {
     fn op<'k>(&self, limit: &'k Limit, key: &'k str, cost: f64) -> Op<'k> {
         let op = Op::new(limit, key, cost);
         match &self.picks {
-            Some(rng) => op.with_pick(rng.lock().u64(..)),
+            Some(rng) => {
+                let mut rng = rng.lock();
+                let op = op.with_pick(rng.u64(..));
+                if limit.takes_leases() {
+                    op.with_lease(rng.u64(1..1 << 53))
+                } else {
+                    op
+                }
+            }
             None => op,
         }
+    }
+
+    /// Takes `count` slots of `key` on the concurrency limit `named` under a
+    /// new lease, as `/v1/acquire` does: decided, timed and counted as
+    /// [`Enforcer::decide_named`] decides a call, and returning the lease
+    /// when admitted. Release it with [`Enforcer::release`] when the work
+    /// ends; if it never is, its slots come back when it expires.
+    ///
+    /// ```
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::{Enforcer, Held};
+    /// # use sluice_policy::Policy;
+    /// let policy = Policy::from_str("limits: {uploads: {algorithm: concurrency, algorithm_config: {max: 1, lease: 30s}}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let uploads = policy.named_limit("uploads").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let (d, held) = rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap();
+    /// assert!(d.allowed);
+    /// let held = held.unwrap();
+    /// let (d, none) = rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap();
+    /// assert!(!d.allowed && none.is_none());
+    /// // Unless it is released, the lease lasts 30 s from when it was taken.
+    /// assert!(d.retry_after.is_some_and(|wait| wait > 29.0 && wait <= 30.0));
+    /// assert!(rt.block_on(e.release(&held)).unwrap());
+    /// assert!(rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap().0.allowed);
+    /// ```
+    pub async fn acquire_named(
+        &self,
+        named: &NamedLimit,
+        key: &str,
+        count: f64,
+    ) -> Result<(Decision, Option<Held>), StoreError> {
+        let op = self.op(named.limit(), key, count);
+        let d = self.decide_op(named, op, Mode::CONSUME).await?;
+        let held = (d.allowed && count > 0.0 && named.limit().takes_leases()).then(|| Held {
+            limit: named.limit().clone(),
+            key: key.to_owned(),
+            lease: op.lease,
+        });
+        Ok((d, held))
+    }
+
+    /// Releases a lease taken by [`Enforcer::acquire_named`] or by a
+    /// request (see [`crate::Verdict::leases`]): its slots come back at
+    /// once. Returns whether it was still held; releasing one that is
+    /// unknown, expired or already released changes nothing. A failed
+    /// store call is counted in `sluice_store_errors_total`, and the lease
+    /// then expires on its own.
+    pub async fn release(&self, held: &Held) -> Result<bool, StoreError> {
+        let started = Instant::now();
+        let result = self.store.release(&held.limit, &held.key, held.lease).await;
+        self.meters
+            .release()
+            .record(started.elapsed().as_secs_f64());
+        if let Err(e) = &result {
+            self.store_failed(e, [(held.limit.name(), OnStoreError::Open)]);
+        }
+        result
     }
 
     /// Decides a call of `cost` on `key` of the named limit `named` in
@@ -279,6 +347,16 @@ impl<S: Store> Enforcer<S> {
         mode: Mode,
     ) -> Result<Decision, StoreError> {
         let op = self.op(named.limit(), key, cost);
+        self.decide_op(named, op, mode).await
+    }
+
+    /// [`Enforcer::decide_named`] of `op`, built for `named`.
+    async fn decide_op(
+        &self,
+        named: &NamedLimit,
+        op: Op<'_>,
+        mode: Mode,
+    ) -> Result<Decision, StoreError> {
         let started = Instant::now();
         let result = match named.penalty() {
             None => self.store.decide(op, mode).await,
@@ -447,7 +525,7 @@ impl<S: Store> Enforcer<S> {
             .partition(|h| h.rule.mode() == Enforcement::Enforce);
 
         for hit in shadow {
-            let allowed = !hit.missing && self.shadow(hit).await;
+            let allowed = !hit.missing && self.shadow(hit, &mut verdict.leases).await;
             self.count(hit.rule, allowed);
             verdict.shadow.push(ShadowDecision {
                 rule: hit.rule.name().to_owned(),
@@ -504,7 +582,15 @@ impl<S: Store> Enforcer<S> {
                 cost: hit.cost,
                 decision: *d,
                 window: window(hit.limit()),
+                in_flight: hit.limit().takes_leases(),
             });
+        }
+        if outcome.allowed {
+            for (hit, op) in enforce.iter().zip(&ops) {
+                if let Some(held) = held(hit, op) {
+                    verdict.leases.push(held);
+                }
+            }
         }
         verdict.allowed = outcome.allowed;
         verdict.deciding = outcome.deciding();
@@ -515,10 +601,17 @@ impl<S: Store> Enforcer<S> {
     /// Whether a shadow rule would have admitted its hit, enforced alone: a
     /// cost it can never admit would deny, and a failed store call answers
     /// as the rule's `on_store_error` says.
-    async fn shadow(&self, hit: &RuleHit<'_>) -> bool {
+    /// A lease it took, as if enforced, joins `leases`, to be released with
+    /// the request's.
+    async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
         match self.transact(&[op], &[Owner::of_rule(hit.rule)]).await {
-            Ok(out) => out.allowed,
+            Ok(out) => {
+                if out.allowed {
+                    leases.extend(held(hit, &op));
+                }
+                out.allowed
+            }
             Err(StoreError::Cost(_)) => false,
             Err(_) => hit.rule.on_store_error() == OnStoreError::Open,
         }
@@ -626,6 +719,16 @@ impl<S: Store> Enforcer<S> {
         }
         self.meters.errors.failed(e);
     }
+}
+
+/// The lease `op` took for `hit`, if it took one: a call of some slots on
+/// a concurrency limit.
+fn held(hit: &RuleHit<'_>, op: &Op<'_>) -> Option<Held> {
+    (op.limit.takes_leases() && op.cost > 0.0).then(|| Held {
+        limit: hit.limit().clone(),
+        key: hit.key.clone(),
+        lease: op.lease,
+    })
 }
 
 /// Whose operation one is: a rule's or a named limit's, with what decides

@@ -36,11 +36,13 @@
 mod enforcer;
 mod inline;
 mod meters;
+mod slots;
 mod store_errors;
 mod verdict;
 mod verified;
 
 pub use enforcer::Enforcer;
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
+pub use slots::{Held, Slots};
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

@@ -25,6 +25,8 @@ pub(crate) struct Meters {
     decide: OnceLock<Histogram>,
     /// `sluice_store_seconds` of settlements.
     settle: OnceLock<Histogram>,
+    /// `sluice_store_seconds` of releases.
+    release: OnceLock<Histogram>,
     /// Failed store calls, logged a line per interval.
     pub(crate) errors: StoreErrorLog,
 }
@@ -64,6 +66,11 @@ impl Meters {
     pub(crate) fn transact(&self) -> &Histogram {
         self.transact
             .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "transact"))
+    }
+
+    pub(crate) fn release(&self) -> &Histogram {
+        self.release
+            .get_or_init(|| metrics::histogram!("sluice_store_seconds", "op" => "release"))
     }
 
     pub(crate) fn settle(&self) -> &Histogram {

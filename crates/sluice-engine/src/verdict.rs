@@ -2,6 +2,8 @@
 
 use sluice_core::Decision;
 
+use crate::slots::Held;
+
 /// One enforced rule's part in a verdict.
 #[derive(Debug, Clone, PartialEq)]
 pub struct RuleDecision {
@@ -14,8 +16,12 @@ pub struct RuleDecision {
     /// What the rule decided.
     pub decision: Decision,
     /// The rule's quota window in seconds: the fixed window's period, or the
-    /// time a token bucket takes to refill from empty.
+    /// time a token bucket takes to refill from empty. None (0) for a
+    /// concurrency rule.
     pub window: f64,
+    /// Whether the rule counts requests in flight (`algorithm:
+    /// concurrency`): its quota is of concurrent requests, over no window.
+    pub in_flight: bool,
 }
 
 /// What a shadow rule would have decided, had it been enforced on its own.
@@ -83,6 +89,11 @@ pub struct Verdict {
     pub refusal: Option<(String, Refusal)>,
     /// Every shadow rule that applied, in policy order.
     pub shadow: Vec<ShadowDecision>,
+    /// The leases the request took on concurrency limits (enforced rules'
+    /// when it was admitted, and shadow rules' that would have admitted
+    /// it): give them back when its work ends, with
+    /// [`Enforcer::hold`](crate::Enforcer::hold).
+    pub leases: Vec<Held>,
 }
 
 impl Default for Verdict {
@@ -95,6 +106,7 @@ impl Default for Verdict {
             retry_after: None,
             refusal: None,
             shadow: Vec::new(),
+            leases: Vec::new(),
         }
     }
 }

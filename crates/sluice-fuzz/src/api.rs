@@ -5,13 +5,15 @@ use tower::ServiceExt;
 use crate::service::{ADMIN_TOKEN, block_on, state};
 
 /// The endpoints, chosen by the input's first byte: `'0'` is the first.
-const ENDPOINTS: [(Method, &str); 6] = [
+const ENDPOINTS: [(Method, &str); 8] = [
     (Method::POST, "/v1/limit"),
     (Method::POST, "/v1/check"),
     (Method::POST, "/v1/reset"),
     (Method::POST, "/v1/decide"),
     (Method::GET, "/v1/value"),
     (Method::POST, "/v1/refund"),
+    (Method::POST, "/v1/acquire"),
+    (Method::POST, "/v1/release"),
 ];
 
 /// Sends one request to the decision API of `sluice serve` ([`sluice::serve::app`]),
@@ -20,7 +22,8 @@ const ENDPOINTS: [(Method, &str); 6] = [
 ///
 /// The first byte picks the endpoint: `0` `/v1/limit`, `1` `/v1/check`, `2`
 /// `/v1/reset` (with the admin token), `3` `/v1/decide`, `4` `/v1/value`,
-/// `5` `/v1/refund`; other bytes wrap around. The rest is the JSON body, or for `/v1/value`
+/// `5` `/v1/refund`, `6` `/v1/acquire`, `7` `/v1/release`; other bytes wrap
+/// around. The rest is the JSON body, or for `/v1/value`
 /// the query string (bytes a URI cannot hold are percent-encoded).
 ///
 /// Checks that no request panics and that none is answered with a 5xx

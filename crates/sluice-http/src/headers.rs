@@ -9,7 +9,8 @@ use serde::Serialize;
 
 use sluice_engine::{Refusal, Verdict};
 
-/// `RateLimit-Policy`: each rule's quota and window.
+/// `RateLimit-Policy`: each rule's quota and window, or, for a concurrency
+/// rule, its quota of concurrent requests (`qu="concurrent-requests"`).
 pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
 /// `RateLimit`: each rule's remaining quota and reset time.
 pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -113,6 +114,7 @@ pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
 ///         cost: 1.0,
 ///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
+///         in_flight: false,
 ///     }],
 ///     deciding: Some(0),
 ///     ..Verdict::default()
@@ -143,6 +145,7 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
 ///         cost: 1.0,
 ///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
+///         in_flight: false,
 ///     }],
 ///     deciding: Some(0),
 ///     ..Verdict::default()
@@ -169,12 +172,20 @@ pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
                 policy.push_str(", ");
                 current.push_str(", ");
             }
-            push_item(
-                &mut policy,
-                &r.rule,
-                ("q", whole(r.decision.limit)),
-                ("w", whole_secs(r.window).max(1)),
-            );
+            if r.in_flight {
+                // A quota of requests at once, over no window.
+                push_sf_string(&mut policy, &r.rule);
+                policy.push_str(";q=");
+                policy.push_str(itoa::Buffer::new().format(whole(r.decision.limit)));
+                policy.push_str(";qu=\"concurrent-requests\"");
+            } else {
+                push_item(
+                    &mut policy,
+                    &r.rule,
+                    ("q", whole(r.decision.limit)),
+                    ("w", whole_secs(r.window).max(1)),
+                );
+            }
             push_item(
                 &mut current,
                 &r.rule,
@@ -294,6 +305,7 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 ///         cost: 1.0,
 ///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
 ///         window: 1.0,
+///         in_flight: false,
 ///     }],
 ///     deciding: Some(0),
 ///     retry_after: Some(2.5),
@@ -428,6 +440,7 @@ mod tests {
                 reset,
             },
             window: 2.5,
+            in_flight: false,
         }
     }
 
@@ -454,5 +467,25 @@ mod tests {
         let retry: u64 = h[RETRY_AFTER].to_str().unwrap().parse().unwrap();
         assert_eq!(retry, retry_after_secs(7.5, "second/k"));
         assert_eq!(h.len(), 8);
+    }
+
+    #[test]
+    fn a_concurrency_rule_states_a_quota_of_concurrent_requests() {
+        let uploads = RuleDecision {
+            window: 0.0,
+            in_flight: true,
+            ..rule("uploads", 1, 30.0)
+        };
+        let v = Verdict {
+            rules: vec![uploads, rule("per-ip", 9, 0.1)],
+            deciding: Some(0),
+            ..Verdict::default()
+        };
+        let h = rate_limit_headers(&v);
+        assert_eq!(
+            h[RATELIMIT_POLICY],
+            r#""uploads";q=10;qu="concurrent-requests", "per-ip";q=10;w=3"#
+        );
+        assert_eq!(h[RATELIMIT], r#""uploads";r=1;t=30, "per-ip";r=9;t=1"#);
     }
 }

@@ -55,7 +55,7 @@ pub use headers::{
     RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial,
     grpc_denial, rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
-pub use limit::{PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture};
+pub use limit::{Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture};
 pub use request::{HttpRequest, PeerAddr};
 /// The engine's types, here too since the layer cannot be built without
 /// an [`Enforcer`].

@@ -9,7 +9,8 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use sluice_core::sliding::MAX_LOG_ENTRIES;
 use sluice_core::{
-    Algorithm, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, SlidingLog, SlidingWindow, TokenBucket,
+    Algorithm, Concurrency, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, SlidingLog, SlidingWindow,
+    TokenBucket,
 };
 
 use crate::client_ip::{ForwardingHeader, TrustedProxies};
@@ -191,6 +192,22 @@ fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Res
     let config = &r.algorithm_config;
     let (limit, capacity) = build(&r.name.value, r.algorithm, config, warnings)?;
     let cost = cost(&config.value)?;
+    if limit.takes_leases() {
+        if let Some(d) = &r.domain {
+            return Err(at(
+                d,
+                "a concurrency rule cannot answer Envoy: its rate limit service never says \
+                 when a request ends, so every slot would stay taken until its lease expired",
+            ));
+        }
+        let (need, field) = cost.baseline();
+        if need.fract() != 0.0 {
+            return Err(at(
+                config,
+                format!("a concurrency rule takes whole slots: its {field} {need} is not one"),
+            ));
+        }
+    }
     // Rules never reserve, so a request is admitted only if its cost fits in
     // one shard's capacity; if even the baseline cost does not, nothing passes.
     let (need, cost_field) = cost.baseline();
@@ -458,12 +475,12 @@ fn build(
     warnings: &mut Vec<Invalid>,
 ) -> Result<(Limit, CapacitySource), Invalid> {
     let c = &config.value;
-    let rate = rate(config, warnings)?;
     let (algorithm, capacity) = match kind {
-        AlgorithmKind::TokenBucket => token_bucket(c, &rate)?,
-        AlgorithmKind::FixedWindow => fixed_window(c, &rate)?,
-        AlgorithmKind::SlidingWindow => sliding_window(c, &rate)?,
-        AlgorithmKind::SlidingLog => sliding_log(c, &rate)?,
+        AlgorithmKind::TokenBucket => token_bucket(c, &rated(config, warnings)?)?,
+        AlgorithmKind::FixedWindow => fixed_window(c, &rated(config, warnings)?)?,
+        AlgorithmKind::SlidingWindow => sliding_window(c, &rated(config, warnings)?)?,
+        AlgorithmKind::SlidingLog => sliding_log(c, &rated(config, warnings)?)?,
+        AlgorithmKind::Concurrency => concurrency(config)?,
     };
     let mut limit = Limit::new(name, algorithm);
     if let Some(s) = &c.shards {
@@ -478,8 +495,9 @@ fn build(
     if let Algorithm::SlidingLog(per_shard) = limit.shard_algorithm()
         && per_shard.rate() > MAX_LOG_ENTRIES as f64
     {
+        // A sliding log's capacity is its rate, given where this points.
         warnings.push(at(
-            rate.pos,
+            capacity.pos,
             format!(
                 "a key of this sliding_log may log {} calls of cost 1 per period; past \
                  {MAX_LOG_ENTRIES} a key merges its newest entries, which can deny a little \
@@ -489,6 +507,25 @@ fn build(
         ));
     }
     Ok((limit, capacity))
+}
+
+/// The rate of an algorithm that has one: every one but concurrency, whose
+/// `max` and `lease` it refuses.
+fn rated(config: &Spanned<RawConfig>, warnings: &mut Vec<Invalid>) -> Result<Rate, Invalid> {
+    let c = &config.value;
+    let misplaced = [
+        ("max", c.max.as_ref().map(Pos::from)),
+        ("lease", c.lease.as_ref().map(Pos::from)),
+    ]
+    .into_iter()
+    .find_map(|(f, pos)| Some((f, pos?)));
+    if let Some((field, pos)) = misplaced {
+        return Err(at(
+            pos,
+            format!("`{field}` belongs to a concurrency limit (`algorithm: concurrency`)"),
+        ));
+    }
+    rate(config, warnings)
 }
 
 /// Tokens per period, from whichever of `rps`, `tokens_per_second`, `rate` is given.
@@ -683,6 +720,52 @@ fn sliding_log(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource)
     }
     let sl = SlidingLog::per_period(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
     Ok((sl.into(), rate_as_capacity(rate)))
+}
+
+/// How long a concurrency limit's lease lasts when `lease` is not given.
+const DEFAULT_LEASE: Nanos = Nanos(60 * Nanos::PER_SEC);
+
+fn concurrency(config: &Spanned<RawConfig>) -> Result<(Algorithm, CapacitySource), Invalid> {
+    let c = &config.value;
+    let rate_fields = [
+        ("rps", c.rps.as_ref().map(Pos::from)),
+        (
+            "tokens_per_second",
+            c.tokens_per_second.as_ref().map(Pos::from),
+        ),
+        ("rate", c.rate.as_ref().map(Pos::from)),
+        ("period", c.period.as_ref().map(Pos::from)),
+        ("burst", c.burst.as_ref().map(Pos::from)),
+        ("capacity", c.capacity.as_ref().map(Pos::from)),
+        ("start", c.start.as_ref().map(Pos::from)),
+        ("max_reserved", c.max_reserved.as_ref().map(Pos::from)),
+    ];
+    if let Some((field, pos)) = rate_fields.into_iter().find_map(|(f, pos)| Some((f, pos?))) {
+        return Err(at(
+            pos,
+            format!(
+                "a concurrency limit counts calls in flight, not calls over time: it has \
+                 no `{field}`; give `max` (and `lease`)"
+            ),
+        ));
+    }
+    let Some(max) = &c.max else {
+        return Err(at(
+            config,
+            "a concurrency limit needs `max`: how many calls of a key may be in flight at once",
+        ));
+    };
+    let lease = match &c.lease {
+        None => DEFAULT_LEASE,
+        Some(l) if l.value.0 < MIN_PERIOD => return Err(at(l, "`lease` must be at least 1ms")),
+        Some(l) if l.value.0 > sluice_core::RESERVATION_HORIZON => {
+            return Err(at(l, "`lease` must be at most a year"));
+        }
+        Some(l) if l.value.0.0 % 1_000 != 0 => return Err(at(l, whole_micros("lease"))),
+        Some(l) => l.value.0,
+    };
+    let limit = Concurrency::new(max.value.0, lease).map_err(|e| at(max, e))?;
+    Ok((limit.into(), CapacitySource::given("max", max)))
 }
 
 fn cost(c: &RawConfig) -> Result<Cost, Invalid> {

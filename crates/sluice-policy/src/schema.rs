@@ -52,6 +52,7 @@ pub(crate) enum AlgorithmKind {
     FixedWindow,
     SlidingWindow,
     SlidingLog,
+    Concurrency,
 }
 
 #[derive(Debug, Deserialize)]
@@ -96,6 +97,8 @@ pub(crate) struct RawConfig {
     pub(crate) cost_source: Option<Spanned<String>>,
     pub(crate) fixed_cost: Option<Spanned<Num>>,
     pub(crate) default_cost: Option<Spanned<Num>>,
+    pub(crate) max: Option<Spanned<Num>>,
+    pub(crate) lease: Option<Spanned<Secs>>,
 }
 
 /// A mapping kept in file order, keys with their positions.

@@ -31,6 +31,7 @@ fn summary(p: &Policy) -> String {
                 *l.limit().algorithm(),
                 l.limit().shards(),
                 l.mode(),
+                l.penalty().map(|p| p.duration()),
             )
         })
         .collect();
@@ -46,6 +47,7 @@ fn summary(p: &Policy) -> String {
                 l.shards(),
                 parts,
                 r.on_store_error(),
+                r.penalty().map(|p| p.duration()),
             )
         })
         .collect();
@@ -64,6 +66,10 @@ const FULL_JSON: &str = r#"{
       "algorithm": "token_bucket",
       "algorithm_config": {"tokens_per_second": 40000, "burst": 400000,
                            "max_reserved": 2000000, "shards": 4}
+    },
+    "uploads": {
+      "algorithm": "concurrency",
+      "algorithm_config": {"max": 2, "lease": "5m"}
     }
   },
   "rules": [
@@ -80,7 +86,7 @@ const FULL_JSON: &str = r#"{
      "algorithm_config": {"rate": 100, "period": "1h", "start": 0}},
     {"name": "login-shadow", "limit_keys": ["ip:address", "path"],
      "match": {"path": "/login", "method": "POST"}, "algorithm": "fixed_window",
-     "algorithm_config": {"rate": 5, "period": "1m"}, "mode": "shadow"},
+     "algorithm_config": {"rate": 5, "period": "1m"}, "penalty": "5m", "mode": "shadow"},
     {"name": "envoy-per-client", "domain": "edge",
      "limit_keys": ["descriptor:remote_address"], "algorithm": "token_bucket",
      "algorithm_config": {"rps": 100, "burst": 200}}
@@ -99,7 +105,14 @@ fn example_policy_file_parses() {
     assert_eq!(p.on_store_error(), OnStoreError::Open);
 
     let names: Vec<_> = p.limits().iter().map(|l| l.name()).collect();
-    assert_eq!(names, ["sendMessage", "llmTokens"]);
+    assert_eq!(names, ["sendMessage", "llmTokens", "uploads"]);
+    let Algorithm::Concurrency(uploads) = *p.limit("uploads").unwrap().algorithm() else {
+        panic!("uploads should be a concurrency limit")
+    };
+    assert_eq!(
+        (uploads.max(), uploads.lease()),
+        (2.0, Nanos(300 * Nanos::PER_SEC))
+    );
     let send = p.limit("sendMessage").unwrap();
     let Algorithm::TokenBucket(tb) = *send.algorithm() else {
         panic!("sendMessage should be a token bucket")
@@ -146,6 +159,10 @@ fn example_policy_file_parses() {
         (Nanos(3600 * Nanos::PER_SEC), Some(Nanos(0)))
     );
     assert_eq!(p.rules()[3].mode(), Enforcement::Shadow);
+    assert_eq!(
+        p.rules()[3].penalty().map(|p| p.duration()),
+        Some(Nanos(300 * Nanos::PER_SEC))
+    );
     assert_eq!(p.rules()[0].mode(), Enforcement::Enforce);
 }
 

@@ -65,13 +65,15 @@ pub(crate) struct TxnOp {
     cost: f64,
     /// The window alignment of a fixed or sliding window, in units.
     origin: i64,
+    /// The lease a call on a concurrency limit takes or releases.
+    lease: u64,
 }
 
 /// One transaction, ready to be batched.
 #[derive(Debug)]
 pub(crate) struct Txn {
     /// Bit 0: consume; bit 1: reserve; bit 5: a forced charge; bit 6: a
-    /// refund (the script's `ctl`).
+    /// refund; bit 7: a release (the script's `ctl`).
     flags: u8,
     ops: SmallVec<[TxnOp; 1]>,
     unit: TimeUnit,
@@ -91,7 +93,7 @@ impl Txn {
             unit,
         };
         for op in ops {
-            txn.push(prefix, op.limit, op.key, op.shards(), op.cost)?;
+            txn.push(prefix, op.limit, op.key, op.shards(), op.cost, op.lease)?;
         }
         Ok(txn)
     }
@@ -109,7 +111,27 @@ impl Txn {
             unit,
         };
         for s in 0..limit.shards() {
-            txn.push(prefix, limit, key, (s, s), 0.0)?;
+            txn.push(prefix, limit, key, (s, s), 0.0, 0)?;
+        }
+        Ok(txn)
+    }
+
+    /// A release of lease `id` from every shard of `key` (the one that
+    /// took it holds it).
+    pub(crate) fn release(
+        prefix: &str,
+        limit: &Limit,
+        key: &str,
+        id: u64,
+        unit: TimeUnit,
+    ) -> Result<Txn, StoreError> {
+        let mut txn = Txn {
+            flags: 1 | 128,
+            ops: SmallVec::with_capacity(limit.shards() as usize),
+            unit,
+        };
+        for s in 0..limit.shards() {
+            txn.push(prefix, limit, key, (s, s), 0.0, id)?;
         }
         Ok(txn)
     }
@@ -133,7 +155,7 @@ impl Txn {
             unit,
         };
         for s in 0..limit.shards() {
-            txn.push(prefix, limit, key, (s, s), part.amount())?;
+            txn.push(prefix, limit, key, (s, s), part.amount(), 0)?;
         }
         Ok(txn)
     }
@@ -145,6 +167,7 @@ impl Txn {
         key: &str,
         (a, b): (u32, u32),
         cost: f64,
+        lease: u64,
     ) -> Result<(), StoreError> {
         let u = self.unit.ns();
         let alg = *limit.shard_algorithm();
@@ -177,6 +200,10 @@ impl Txn {
                 whole(sl.period().0, "period")?;
                 0
             }
+            Algorithm::Concurrency(c) => {
+                whole(c.lease().0, "lease")?;
+                0
+            }
         };
         self.ops.push(TxnOp {
             key_a: keys::shard_key(prefix, limit, key, a),
@@ -184,6 +211,7 @@ impl Txn {
             alg,
             cost,
             origin,
+            lease,
         });
         Ok(())
     }
@@ -257,6 +285,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 0.0,
             ],
         ),
+        Algorithm::Concurrency(c) => (5u8, [c.max(), (c.lease().0 / u) as f64, 0.0, 0.0]),
     };
     out.push(kind);
     for x in p {
@@ -308,7 +337,9 @@ pub(crate) fn invocation<'a>(
             let extra = b != a
                 || matches!(
                     op.alg,
-                    Algorithm::FixedWindow(_) | Algorithm::SlidingWindow(_)
+                    Algorithm::FixedWindow(_)
+                        | Algorithm::SlidingWindow(_)
+                        | Algorithm::Concurrency(_)
                 );
             let ctl = txn.flags
                 | (u8::from(i == 0) << 2)
@@ -319,8 +350,13 @@ pub(crate) fn invocation<'a>(
             op_blob.extend_from_slice(&(l as u32).to_le_bytes());
             op_blob.extend_from_slice(&op.cost.to_le_bytes());
             if extra {
+                // A lease id is below 2^53: the double holds it exactly.
+                let second = match op.alg {
+                    Algorithm::Concurrency(_) => op.lease as f64,
+                    _ => op.origin as f64,
+                };
                 extra_blob.extend_from_slice(&b.to_le_bytes());
-                extra_blob.extend_from_slice(&(op.origin as f64).to_le_bytes());
+                extra_blob.extend_from_slice(&second.to_le_bytes());
             }
         }
     }
@@ -351,6 +387,8 @@ pub(crate) fn invocation<'a>(
 pub(crate) struct Seen {
     /// Which candidate key was used: 0 or 1.
     pub(crate) pick: u8,
+    /// A release found the lease it named.
+    pub(crate) released: bool,
     /// What the operation saw, with times in nanoseconds.
     pub(crate) state: SeenState,
 }
@@ -438,22 +476,13 @@ impl Replies {
                     };
                     SeenState::Window(sw, state)
                 }
-                Algorithm::SlidingLog(sl) => {
-                    if !has {
-                        return Err(malformed("a sliding log's reading is missing"));
-                    }
-                    let [at, used, newest, frees_at] = doubles(self.take(32)?);
-                    let reading = LogReading {
-                        at: units(at, unit),
-                        used,
-                        newest: (tag & 4 != 0).then(|| units(newest, unit)),
-                        frees_at: units(frees_at, unit),
-                    };
-                    SeenState::Log(sl, reading)
-                }
+                Algorithm::SlidingLog(sl) => SeenState::Log(sl, self.reading(tag, has)?),
+                // Leases count as a log whose window is the lease.
+                Algorithm::Concurrency(c) => SeenState::Log(c.as_log(), self.reading(tag, has)?),
             };
             seen.push(Seen {
                 pick: tag & 1,
+                released: tag & 8 != 0,
                 state,
             });
         }
@@ -461,6 +490,22 @@ impl Replies {
             allowed,
             now: self.now,
             ops: seen,
+        })
+    }
+
+    /// A sliding log's or a concurrency key's reading, which every op on
+    /// one carries; `tag` is its op's byte.
+    fn reading(&mut self, tag: u8, has: bool) -> Result<LogReading, StoreError> {
+        if !has {
+            return Err(malformed("a sliding log's reading is missing"));
+        }
+        let unit = self.unit;
+        let [at, used, newest, frees_at] = doubles(self.take(32)?);
+        Ok(LogReading {
+            at: units(at, unit),
+            used,
+            newest: (tag & 4 != 0).then(|| units(newest, unit)),
+            frees_at: units(frees_at, unit),
         })
     }
 

@@ -839,7 +839,7 @@ impl Store for RedisStore {
         key: &str,
         change: Settle,
     ) -> Result<Decision, StoreError> {
-        change.validate()?;
+        change.validate(limit)?;
         let shared = &self.shared;
         // A charge only takes tokens: every cached bound still holds.
         let refund = matches!(change, Settle::Refund(_));
@@ -862,6 +862,17 @@ impl Store for RedisStore {
             self.forget_cached(limit, key);
         }
         Ok(decision)
+    }
+
+    async fn release(&self, limit: &Limit, key: &str, id: u64) -> Result<bool, StoreError> {
+        if !limit.takes_leases() {
+            return Ok(false);
+        }
+        let shared = &self.shared;
+        let txn = Txn::release(shared.config.prefix(), limit, key, id, shared.unit)?;
+        let (_, reply) = self.remote(txn).await?;
+        bump(&shared.counters.remote);
+        Ok(reply.ops.iter().any(|seen| seen.released))
     }
 
     async fn value(&self, limit: &Limit, key: &str) -> Result<sluice_core::Value, StoreError> {

@@ -154,7 +154,7 @@ async fn serve_describes_every_path_it_answers_and_its_bounds() {
             body_bounds.push(value.as_u64().unwrap());
         }
     });
-    assert_eq!(body_bounds, [sluice::serve::MAX_BODY as u64; 4]);
+    assert_eq!(body_bounds, [sluice::serve::MAX_BODY as u64; 6]);
     let count = &doc["components"]["schemas"]["Call"]["properties"]["count"];
     assert_eq!(count["minimum"], 0);
     assert_eq!(count["maximum"], sluice_core::MAX_EXACT_TOKENS);

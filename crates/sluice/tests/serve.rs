@@ -194,6 +194,115 @@ async fn a_call_settles_its_real_cost_by_refund_or_forced_charge() {
     assert_eq!(tokens().await, -300.0);
 }
 
+/// A concurrency limit through the API: slots taken with leases, given
+/// back by releasing them, each release answered once.
+#[tokio::test]
+async fn a_concurrency_limit_hands_out_leases_and_takes_them_back() {
+    let s = state_of(
+        "limits:\n  uploads:\n    algorithm: concurrency\n    algorithm_config: {max: 2, lease: 30s}\n  \
+         send:\n    algorithm: token_bucket\n    algorithm_config: {rps: 1}\n",
+        None,
+    );
+    let post = |uri: &'static str, body: serde_json::Value| {
+        let s = Arc::clone(&s);
+        async move { call(&s, "POST", uri, body.to_string(), None).await }
+    };
+    let take = || {
+        post(
+            "/v1/acquire",
+            serde_json::json!({"limit": "uploads", "key": "alice"}),
+        )
+    };
+    let (status, _, first) = take().await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["remaining"], 1);
+    assert_eq!(first["expires"], 30.0);
+    let lease = first["lease"].as_str().unwrap().to_owned();
+    assert!(lease.parse::<u64>().unwrap() > 0);
+    let (status, _, second) = take().await;
+    assert_eq!((status, second["remaining"].as_u64()), (200, Some(0)));
+    let (status, _, full) = take().await;
+    assert_eq!(status, 429, "{full}");
+    assert_eq!(
+        full,
+        serde_json::json!({"allowed": false, "limit": 2, "remaining": 0, "retry_after": 30.0,
+            "reset": 30.0, "lease": null, "expires": null})
+    );
+    // Another key has slots of its own.
+    let (status, _, _) = post(
+        "/v1/acquire",
+        serde_json::json!({"limit": "uploads", "key": "bob"}),
+    )
+    .await;
+    assert_eq!(status, 200);
+
+    let release = |lease: &str| {
+        post(
+            "/v1/release",
+            serde_json::json!({"limit": "uploads", "key": "alice", "lease": lease}),
+        )
+    };
+    let (status, _, r) = release(&lease).await;
+    assert_eq!((status, r), (200, serde_json::json!({"released": true})));
+    let (status, _, r) = release(&lease).await;
+    assert_eq!(
+        (status, r),
+        (200, serde_json::json!({"released": false})),
+        "only once"
+    );
+    for nonsense in ["0", "abc", "-1", "99999999999999999999999"] {
+        assert_eq!(
+            release(nonsense).await.2,
+            serde_json::json!({"released": false})
+        );
+    }
+    assert_eq!(take().await.0, 200, "the released slot is free again");
+
+    for (uri, body, want) in [
+        (
+            "/v1/limit",
+            serde_json::json!({"limit": "uploads", "key": "alice"}),
+            422,
+        ),
+        (
+            "/v1/acquire",
+            serde_json::json!({"limit": "send", "key": "alice"}),
+            422,
+        ),
+        (
+            "/v1/acquire",
+            serde_json::json!({"limit": "uploads", "key": "alice", "count": 1.5}),
+            422,
+        ),
+        (
+            "/v1/acquire",
+            serde_json::json!({"limit": "uploads", "key": "alice", "count": 3}),
+            422,
+        ),
+        (
+            "/v1/acquire",
+            serde_json::json!({"limit": "nope", "key": "alice"}),
+            404,
+        ),
+        (
+            "/v1/release",
+            serde_json::json!({"limit": "uploads", "key": "alice"}),
+            400,
+        ),
+    ] {
+        let (status, ctype, d) = post(uri, body.clone()).await;
+        assert_eq!(status, want, "{uri} {body}: {d}");
+        assert_eq!(ctype, "application/problem+json", "{uri} {body}");
+    }
+    // A check asks without taking.
+    let (status, _, d) = post(
+        "/v1/check",
+        serde_json::json!({"limit": "uploads", "key": "alice"}),
+    )
+    .await;
+    assert_eq!((status, d["allowed"].as_bool()), (429, Some(false)));
+}
+
 #[tokio::test]
 async fn a_limit_brought_inline_decides_as_the_same_limit_in_a_policy() {
     let configs = [

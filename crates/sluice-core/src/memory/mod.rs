@@ -619,7 +619,7 @@ impl<C: Clock> MemoryStore<C> {
         // future, which the algorithms treat as no time elapsed.
         let now = self.clock.now();
         let lane = &self.stripes[self.lock_index(fp)].0;
-        if op.limit.is_sliding() {
+        if !op.limit.is_flat() {
             return Ok(self.sliding_single(op, mode, lane, fp, (offset, now)));
         }
         let tag = hint_tag(fp, op.limit);
@@ -719,7 +719,9 @@ impl<C: Clock> MemoryStore<C> {
         let delta = stripe.tables[t].restore(kind, fp, offset, now);
         stripe.apply(delta);
         let table = &mut stripe.tables[t];
-        let (decision, next) = table.sliding.evaluate(kind, fp, offset, now, None, op.cost);
+        let (decision, next) = table
+            .sliding
+            .evaluate(kind, fp, offset, now, None, op.cost, op.lease);
         if let (Some(next), true) = (next, mode.consume) {
             let delta = table.sliding.commit(kind, fp, next, now);
             stripe.apply(delta);
@@ -831,8 +833,15 @@ impl<C: Clock> MemoryStore<C> {
                     } else {
                         sa
                     };
-                    let (d, next) =
-                        states(slot).evaluate(kind, slot.fp, offset, now, earlier(slot), op.cost);
+                    let (d, next) = states(slot).evaluate(
+                        kind,
+                        slot.fp,
+                        offset,
+                        now,
+                        earlier(slot),
+                        op.cost,
+                        op.lease,
+                    );
                     (slot, d, next.map(Write::Sliding))
                 }
             };
@@ -858,7 +867,7 @@ impl<C: Clock> MemoryStore<C> {
                         Some(kind) => {
                             let (idle, _) = table
                                 .sliding
-                                .evaluate(kind, slot.fp, offset, now, None, 0.0);
+                                .evaluate(kind, slot.fp, offset, now, None, 0.0, 0);
                             Decision {
                                 remaining: idle.remaining,
                                 reset: idle.reset,
@@ -948,7 +957,7 @@ impl<C: Clock> MemoryStore<C> {
         key: &str,
         change: Settle,
     ) -> Result<Decision, StoreError> {
-        change.validate()?;
+        change.validate(limit)?;
         let alg = *limit.shard_algorithm();
         let offset = algorithm::key_offset(&alg, key);
         let part = change.per_shard(limit.shards());
@@ -974,6 +983,35 @@ impl<C: Clock> MemoryStore<C> {
             d
         });
         Ok(Decision::settled(parts))
+    }
+
+    /// Releases lease `id` of `key` on the concurrency limit `limit`,
+    /// giving its slots back (see [`Store::release`]); returns whether it
+    /// was still held. Any other limit holds no leases.
+    ///
+    /// ```
+    /// use sluice_core::{Concurrency, Limit, MemoryStore, Mode, Nanos, Op};
+    /// let store = MemoryStore::new();
+    /// let uploads = Limit::new("uploads", Concurrency::new(1.0, Nanos(60 * Nanos::PER_SEC)).unwrap());
+    /// let op = Op::new(&uploads, "alice", 1.0);
+    /// assert!(store.decide_now(op, Mode::CONSUME).unwrap().allowed);
+    /// assert!(!store.decide_now(Op::new(&uploads, "alice", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// assert!(store.release_now(&uploads, "alice", op.lease));
+    /// assert!(!store.release_now(&uploads, "alice", op.lease), "only once");
+    /// assert!(store.decide_now(Op::new(&uploads, "alice", 1.0), Mode::CONSUME).unwrap().allowed);
+    /// ```
+    pub fn release_now(&self, limit: &Limit, key: &str, id: u64) -> bool {
+        let Algorithm::Concurrency(c) = *limit.shard_algorithm() else {
+            return false;
+        };
+        let now = self.clock.now();
+        // The lease is in the one shard that took it.
+        self.with_key_slots(limit, key, now, |_, stripe, t, fp| {
+            let (released, delta) = stripe.tables[t].sliding.release(&c, fp, now, id);
+            stripe.apply(delta);
+            released
+        })
+        .contains(&true)
     }
 
     /// The key's tokens now, summed over its hot-key shards, and the latest time.
@@ -1023,6 +1061,9 @@ fn sliding_pending(pending: &[(Slot, Write)], slot: Slot) -> Option<Next> {
         .filter(|(p, _)| *p == slot)
         .fold(None, |acc, &(_, w)| match (acc, w) {
             (Some(Next::Log(a)), Write::Sliding(Next::Log(b))) => Some(Next::Log(a + b)),
+            (Some(Next::Lease(a, _)), Write::Sliding(Next::Lease(b, id))) => {
+                Some(Next::Lease(a + b, id))
+            }
             (_, Write::Sliding(next)) => Some(next),
             (acc, Write::Flat(_)) => acc,
         })
@@ -1082,6 +1123,10 @@ impl<C: Clock> Store for MemoryStore<C> {
         change: Settle,
     ) -> Ready<Result<Decision, StoreError>> {
         ready(self.settle_now(limit, key, change))
+    }
+
+    fn release(&self, limit: &Limit, key: &str, id: u64) -> Ready<Result<bool, StoreError>> {
+        ready(Ok(self.release_now(limit, key, id)))
     }
 
     fn decide(&self, op: Op<'_>, mode: Mode) -> Ready<Result<Decision, StoreError>> {

@@ -1,7 +1,7 @@
-//! The states of the sliding algorithms, which do not fit a flat table's
-//! two numbers: a map per table from fingerprint to state, under the same
-//! stripe lock as the flat entries, so that a transaction mixing the kinds
-//! stays atomic.
+//! The states of the sliding algorithms and of concurrency limits, which
+//! do not fit a flat table's two numbers: a map per table from fingerprint
+//! to state, under the same stripe lock as the flat entries, so that a
+//! transaction mixing the kinds stays atomic.
 //!
 //! A key whose window has emptied carries no information (a missing key has
 //! counted nothing), so it is dropped: when a write leaves it empty, and by
@@ -12,7 +12,8 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use crate::config::{Algorithm, SlidingLog, SlidingWindow};
+use crate::concurrency::Leases;
+use crate::config::{Algorithm, Concurrency, SlidingLog, SlidingWindow};
 use crate::decision::{Decision, Value};
 use crate::sliding::{
     Log, WindowState, window_current, window_emptiest, window_empty_at, window_evaluate,
@@ -46,33 +47,36 @@ impl Hasher for FpHasher {
 
 type FpMap<V> = HashMap<u64, V, BuildHasherDefault<FpHasher>>;
 
-/// The configuration of a sliding table.
+/// The configuration of a table whose states are not two numbers.
 #[derive(Clone, Copy)]
 pub(super) enum Kind<'a> {
     Window(&'a SlidingWindow),
     Log(&'a SlidingLog),
+    Leases(&'a Concurrency),
 }
 
 impl Kind<'_> {
-    /// The sliding configuration of `alg`, if it is one.
+    /// The configuration of `alg`, if its states are not two numbers.
     #[inline]
     pub(super) fn of(alg: &Algorithm) -> Option<Kind<'_>> {
         match alg {
             Algorithm::SlidingWindow(sw) => Some(Kind::Window(sw)),
             Algorithm::SlidingLog(sl) => Some(Kind::Log(sl)),
+            Algorithm::Concurrency(c) => Some(Kind::Leases(c)),
             Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) => None,
         }
     }
 
     /// Whether `a` and `b` keep states of one kind: both in two numbers
     /// (a token bucket's and a fixed window's are read one as the other),
-    /// both sliding windows, or both sliding logs.
+    /// both sliding windows, both sliding logs, or both leases.
     pub(super) fn same_states(a: &Algorithm, b: &Algorithm) -> bool {
         matches!(
             (Kind::of(a), Kind::of(b)),
             (None, None)
                 | (Some(Kind::Window(_)), Some(Kind::Window(_)))
                 | (Some(Kind::Log(_)), Some(Kind::Log(_)))
+                | (Some(Kind::Leases(_)), Some(Kind::Leases(_)))
         )
     }
 }
@@ -84,6 +88,9 @@ pub(super) enum Next {
     Window(WindowState),
     /// A cost to log at the transaction's time.
     Log(f64),
+    /// Slots to take under a lease id at the transaction's time (in
+    /// pending sums, the id of the last).
+    Lease(f64, u64),
 }
 
 /// The sliding states of one table.
@@ -91,6 +98,7 @@ pub(super) enum Next {
 pub(super) struct Sliding {
     windows: FpMap<WindowState>,
     logs: FpMap<Log>,
+    leases: FpMap<Leases>,
     /// The size at which inserts next sweep the maps for emptied keys.
     sweep_at: usize,
 }
@@ -102,12 +110,14 @@ impl Sliding {
     /// The number of keys held.
     #[inline]
     pub(super) fn len(&self) -> usize {
-        self.windows.len() + self.logs.len()
+        self.windows.len() + self.logs.len() + self.leases.len()
     }
 
     /// Whether `fp` has a state.
     pub(super) fn contains(&self, fp: u64) -> bool {
-        self.windows.contains_key(&fp) || self.logs.contains_key(&fp)
+        self.windows.contains_key(&fp)
+            || self.logs.contains_key(&fp)
+            || self.leases.contains_key(&fp)
     }
 
     /// Brings back a key that the cap forgot while it still counted
@@ -127,14 +137,19 @@ impl Sliding {
             Kind::Log(sl) => {
                 Log::emptiest(sl, empty_at, now).map(|l| self.logs.insert(fp, l).is_none())
             }
+            Kind::Leases(c) => {
+                Leases::emptiest(c, empty_at, now).map(|l| self.leases.insert(fp, l).is_none())
+            }
         };
         isize::from(restored == Some(true))
     }
 
     /// Evaluates `cost` on `fp` at `now`, after what earlier operations of
     /// the same transaction admitted on it (`pending`); returns the
-    /// decision and, if admitted, what to write.
+    /// decision and, if admitted, what to write (under lease `id`, on a
+    /// concurrency limit).
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn evaluate(
         &self,
         kind: Kind<'_>,
@@ -143,6 +158,7 @@ impl Sliding {
         now: Nanos,
         pending: Option<Next>,
         cost: f64,
+        id: u64,
     ) -> (Decision, Option<Next>) {
         match kind {
             Kind::Window(sw) => {
@@ -164,6 +180,17 @@ impl Sliding {
                 };
                 (d, d.allowed.then_some(Next::Log(cost)))
             }
+            Kind::Leases(c) => {
+                let (pending, id) = match pending {
+                    Some(Next::Lease(slots, _)) => (slots, id),
+                    _ => (0.0, id),
+                };
+                let d = match self.leases.get(&fp) {
+                    Some(l) => l.evaluate(c, now, pending, cost),
+                    None => Leases::default().evaluate(c, now, pending, cost),
+                };
+                (d, d.allowed.then_some(Next::Lease(cost, id)))
+            }
         }
     }
 
@@ -180,7 +207,9 @@ impl Sliding {
             (Kind::Window(sw), Some(Next::Window(s))) => {
                 window_current(sw, Some(s), offset, now).tokens
             }
-            (Kind::Log(_), Some(Next::Log(c))) => self.current(kind, fp, offset, now).tokens - c,
+            (Kind::Log(_), Some(Next::Log(c))) | (Kind::Leases(_), Some(Next::Lease(c, _))) => {
+                self.current(kind, fp, offset, now).tokens - c
+            }
             _ => self.current(kind, fp, offset, now).tokens,
         }
     }
@@ -192,6 +221,10 @@ impl Sliding {
             Kind::Log(sl) => match self.logs.get(&fp) {
                 Some(log) => log.current(sl, now),
                 None => Log::default().current(sl, now),
+            },
+            Kind::Leases(c) => match self.leases.get(&fp) {
+                Some(l) => l.current(c, now),
+                None => Leases::default().current(c, now),
             },
         }
     }
@@ -217,6 +250,15 @@ impl Sliding {
                 }
                 self.logs.len() as isize - before as isize
             }
+            (Kind::Leases(c), Next::Lease(slots, id)) => {
+                let before = self.leases.len();
+                let held = self.leases.entry(fp).or_default();
+                held.acquire(c, now, slots, id);
+                if held.is_empty() {
+                    self.leases.remove(&fp);
+                }
+                self.leases.len() as isize - before as isize
+            }
             // A write of the other kind cannot happen: a table changes
             // kind only between transactions.
             _ => 0,
@@ -229,9 +271,31 @@ impl Sliding {
         delta
     }
 
+    /// Releases lease `id` of `fp` at `now`, dropping the key if that
+    /// leaves it empty. Returns whether the lease was held, and the change
+    /// in the number of keys.
+    pub(super) fn release(
+        &mut self,
+        c: &Concurrency,
+        fp: u64,
+        now: Nanos,
+        id: u64,
+    ) -> (bool, isize) {
+        let Some(held) = self.leases.get_mut(&fp) else {
+            return (false, 0);
+        };
+        let released = held.release(c, now, id);
+        if held.is_empty() {
+            self.leases.remove(&fp);
+            return (released, -1);
+        }
+        (released, 0)
+    }
+
     /// Settles `change` on `fp` at `now`, dropping the key if that leaves
     /// it empty. Returns the key as it then stands, and the change in the
-    /// number of keys.
+    /// number of keys. A concurrency key is never settled (the store
+    /// refuses first).
     pub(super) fn settle(
         &mut self,
         kind: Kind<'_>,
@@ -257,14 +321,17 @@ impl Sliding {
                     self.logs.remove(&fp);
                 }
             }
+            Kind::Leases(_) => {}
         }
-        let (idle, _) = self.evaluate(kind, fp, offset, now, None, 0.0);
+        let (idle, _) = self.evaluate(kind, fp, offset, now, None, 0.0, 0);
         (idle, self.len() as isize - before as isize)
     }
 
     /// Drops `fp`'s state; returns the change in the number of keys.
     pub(super) fn remove(&mut self, fp: u64) -> isize {
-        let had = self.windows.remove(&fp).is_some() | self.logs.remove(&fp).is_some();
+        let had = self.windows.remove(&fp).is_some()
+            | self.logs.remove(&fp).is_some()
+            | self.leases.remove(&fp).is_some();
         -isize::from(had)
     }
 
@@ -282,13 +349,17 @@ impl Sliding {
     ) -> impl Iterator<Item = (u64, Nanos)> + 'a {
         let windows = self.windows.iter().filter_map(move |(&fp, s)| match kind {
             Kind::Window(sw) => Some((fp, window_empty_at(sw, s))),
-            Kind::Log(_) => None,
+            Kind::Log(_) | Kind::Leases(_) => None,
         });
         let logs = self.logs.iter().filter_map(move |(&fp, l)| match kind {
             Kind::Log(sl) => Some((fp, l.empty_at(sl))),
-            Kind::Window(_) => None,
+            Kind::Window(_) | Kind::Leases(_) => None,
         });
-        windows.chain(logs)
+        let leases = self.leases.iter().filter_map(move |(&fp, l)| match kind {
+            Kind::Leases(c) => Some((fp, l.empty_at(c))),
+            Kind::Window(_) | Kind::Log(_) => None,
+        });
+        windows.chain(logs).chain(leases)
     }
 
     /// Keeps the keys that `keep` accepts, given each one's fingerprint and
@@ -297,17 +368,26 @@ impl Sliding {
         match kind {
             Kind::Window(sw) => {
                 self.logs.clear();
+                self.leases.clear();
                 self.windows
                     .retain(|&fp, s| keep(fp, window_empty_at(sw, s)));
             }
             Kind::Log(sl) => {
                 self.windows.clear();
+                self.leases.clear();
                 self.logs.retain(|&fp, l| keep(fp, l.empty_at(sl)));
             }
+            Kind::Leases(c) => {
+                self.windows.clear();
+                self.logs.clear();
+                self.leases.retain(|&fp, l| keep(fp, l.empty_at(c)));
+            }
         }
-        if self.len() * 4 < self.windows.capacity() + self.logs.capacity() {
+        let room = self.windows.capacity() + self.logs.capacity() + self.leases.capacity();
+        if self.len() * 4 < room {
             self.windows.shrink_to_fit();
             self.logs.shrink_to_fit();
+            self.leases.shrink_to_fit();
         }
     }
 }

@@ -10,7 +10,7 @@ use sluice_core::Store;
 use sluice_policy::Policy;
 use tower_service::Service;
 
-use super::ResponseFuture;
+use super::{Leased, ResponseFuture};
 use crate::headers::{
     denial, grpc_denial_headers, is_grpc, set_problem_type, set_rate_limit_headers,
 };
@@ -42,6 +42,10 @@ pub struct PolicySnapshot(pub Arc<Policy>);
 /// headers as metadata. Shadow rules only count. Either way the response
 /// carries the [`Verdict`](sluice_engine::Verdict) in its extensions, for
 /// the layers outside to log or test.
+///
+/// A rule with `algorithm: concurrency` holds its slot from the moment the
+/// request is admitted until its response body has been sent in full (see
+/// [`Leased`]), fails, or is dropped with a client that went away.
 pub struct RateLimit<S, St> {
     inner: S,
     enforcer: Arc<Enforcer<St>>,
@@ -70,7 +74,7 @@ where
     St: Store + 'static,
     ReqB: Send + 'static,
 {
-    type Response = Response<Either<ResB, Full<Bytes>>>;
+    type Response = Response<Either<Leased<ResB>, Full<Bytes>>>;
     type Error = S::Error;
     type Future = ResponseFuture<Self::Response, S::Error>;
 
@@ -86,10 +90,14 @@ where
         let enforcer = Arc::clone(&self.enforcer);
         Box::pin(async move {
             let policy = enforcer.policy();
-            let verdict = {
+            let mut verdict = {
                 let view = HttpRequest::new(&req, peer(&req), &policy);
                 enforcer.enforce(&policy, &view).await
             };
+            // The request's slots on concurrency limits, given back when the
+            // response body ends, or when this future or the body is
+            // dropped (a client that went away, a failed inner service).
+            let slots = enforcer.hold(&mut verdict);
             if !verdict.allowed {
                 let mut res = if is_grpc(req.headers()) {
                     let mut res = Response::new(Either::Right(Full::new(Bytes::new())));
@@ -111,7 +119,7 @@ where
             // use the same policy (the proxy's forwarding headers).
             req.extensions_mut().insert(PolicySnapshot(policy));
             let res = inner.call(req).await?;
-            let mut res = res.map(Either::Left);
+            let mut res = res.map(|body| Either::Left(Leased::new(body, slots)));
             set_rate_limit_headers(&verdict, res.headers_mut());
             res.extensions_mut().insert(verdict);
             Ok(res)

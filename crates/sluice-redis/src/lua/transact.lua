@@ -12,6 +12,9 @@
 --   9 + 16n bytes, sliding log: '<dB' used, inexact (0 or 1), then n
 --     entries '<dd' t, cost, oldest first (sluice_core::sliding::Log).
 --     Deleted once empty.
+--   2 + 24n bytes, concurrency: '\5\5', then n leases '<ddd' taken at,
+--     slots, id, oldest first (sluice_core::concurrency::Leases). Even,
+--     where a log's length is odd. Deleted once empty.
 -- The TTL of a sliding state is the time until it has counted nothing. A
 -- state of another length than its limit's kind keeps (the limit changed
 -- kind) comes back as the fullest state of the new kind that counts
@@ -25,23 +28,25 @@
 --     2 fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
 --     3 sliding window: rate, period in units, 0, 0
 --     4 sliding log: rate, period in units, the most entries a log keeps, 0
+--     5 concurrency: max slots, lease in units, 0, 0
 --   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
 --     16 the op has extras (else key b is key a and origin is 0), 32 a
---     forced charge of cost, 64 a refund of cost (see settle_op)
+--     forced charge of cost, 64 a refund of cost (see settle_op), 128 a
+--     release of the lease whose id is in origin (see release_op)
 --   extra, one per op with ctl bit 16, in op order: key b (I4, the second
 --     candidate key of a sharded limit), origin in units (d, fixed and
---     sliding window)
+--     sliding window), or the lease id (d, below 2^53, concurrency)
 -- Returns {now, replies}: replies is a string holding, per transaction, one
 -- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
 -- keys it used; bit 1: a state follows; bit 2: a log's newest entry is
--- set) and what it saw:
+-- set; bit 3: a release found its lease) and what it saw:
 --   token bucket, fixed window: the state, '<dd';
 --   sliding window: the state, '<ddd';
---   sliding log (always): '<dddd' at, used, newest, frees_at, the fields
---     of sluice_core::sliding::LogReading, which the ops' decisions are
---     computed from.
+--   sliding log and concurrency (always): '<dddd' at, used, newest,
+--     frees_at, the fields of sluice_core::sliding::LogReading, which the
+--     ops' decisions are computed from.
 -- A settling op (ctl 32 or 64) is always admitted and committed at once,
 -- and replies with what its key holds after it, in the same forms.
 --
@@ -330,22 +335,28 @@ local function entry(e, i)
   return unpack_s('<dd', e, i * 16 - 15)
 end
 
--- The time a log is read at: never before its newest entry.
-local function log_at(e)
-  local n = #e / 16
+-- The time of record i of a log's (size 16) or a key's leases (size 24):
+-- its first double.
+local function time_of(e, i, size)
+  return (unpack_s('<d', e, i * size - size + 1))
+end
+
+-- The time records are read at: never before the newest one.
+local function read_at(e, size)
+  local n = #e / size
   if n > 0 then
-    local t = entry(e, n)
+    local t = time_of(e, n, size)
     if t > now then return t end
   end
   return now
 end
 
--- How many entries, oldest first, are at or before cutoff.
-local function expired(e, cutoff)
-  local lo, hi = 0, #e / 16
+-- How many records, oldest first, are at or before cutoff.
+local function expired(e, cutoff, size)
+  local lo, hi = 0, #e / size
   while lo < hi do
     local mid = floor((lo + hi) / 2)
-    if entry(e, mid + 1) <= cutoff then lo = mid + 1 else hi = mid end
+    if time_of(e, mid + 1, size) <= cutoff then lo = mid + 1 else hi = mid end
   end
   return lo
 end
@@ -377,9 +388,9 @@ end
 -- as at, used, newest (false if none), frees_at.
 local function log_read(k, l, pending, cost)
   local e, used, inexact = log_of(k, l)
-  local at = log_at(e)
+  local at = read_at(e, 16)
   local n = #e / 16
-  local live = expired(e, at - p2[l])
+  local live = expired(e, at - p2[l], 16)
   local u = sum_from(e, used, inexact, live)
   local with = u
   if pending > 0 then with = u + pending end
@@ -406,8 +417,8 @@ end
 -- after dropping the entries that have left.
 local function log_commit(k, l, cost)
   local e, used, inexact = log_of(k, l)
-  local at = log_at(e)
-  local gone = expired(e, at - p2[l])
+  local at = read_at(e, 16)
+  local gone = expired(e, at - p2[l], 16)
   if gone > 0 then
     local u, exact = sum_from(e, used, inexact, gone)
     e, used = string.sub(e, gone * 16 + 1), u
@@ -438,8 +449,8 @@ end
 -- after dropping the entries that have left, and sums what is left afresh.
 local function log_refund(k, l, cost)
   local e = log_of(k, l)
-  local at = log_at(e)
-  local gone = expired(e, at - p2[l])
+  local at = read_at(e, 16)
+  local gone = expired(e, at - p2[l], 16)
   if gone > 0 then e = string.sub(e, gone * 16 + 1) end
   local cut, tail, left = #e / 16, '', cost
   while left > 0 and cut > 0 do
@@ -462,6 +473,90 @@ local function log_refund(k, l, cost)
   lent[k], lused[k] = e, sum
   if exact then linex[k] = 0 else linex[k] = 1 end
   wlim[k] = l
+end
+
+-- Concurrency: lsent[k] is nil before the key is decoded, else its
+-- leases (24 bytes each).
+local lsent = {}
+local function leases_of(k, l)
+  local e = lsent[k]
+  if e == nil then
+    local v = blob[k]
+    if v and #v >= 26 and (#v - 2) % 24 == 0 and string.byte(v, 1) == 5 then
+      e = string.sub(v, 3)
+    else
+      e = ''
+      local ends = (v or tok[k]) and ghost_end(k)
+      if ends then
+        -- Leases::emptiest: every slot, under a lease no id releases.
+        local t = ends - p2[l]
+        if t > now then t = now end
+        e = pack_s('<ddd', t, p1[l], 0)
+      end
+    end
+    lsent[k] = e
+  end
+  return e
+end
+
+-- Lease i: taken at, slots, id.
+local function lease(e, i)
+  return unpack_s('<ddd', e, i * 24 - 23)
+end
+
+-- Leases::read: the reading of key k for a call of cost after pending,
+-- as at, used, newest (false if none), frees_at.
+local function lease_read(k, l, pending, cost)
+  local e = leases_of(k, l)
+  local at = read_at(e, 24)
+  local n = #e / 24
+  local live = expired(e, at - p2[l], 24)
+  local used = 0
+  for i = live + 1, n do
+    local _, c = lease(e, i)
+    used = used + c
+  end
+  local newest = false
+  if live < n then newest = lease(e, n) end
+  local left = used + pending
+  local frees = at
+  if not (left + cost <= p1[l]) then
+    for i = live + 1, n do
+      local t, c = lease(e, i)
+      left = left - c
+      if left + cost <= p1[l] then frees = t; break end
+    end
+  end
+  return at, used, newest, frees
+end
+
+-- Leases::acquire and Leases::release: drop the expired leases, then take
+-- cost slots under id, or give back lease id (returning whether it was
+-- held).
+local function lease_live(k, l)
+  local e = leases_of(k, l)
+  local at = read_at(e, 24)
+  local gone = expired(e, at - p2[l], 24)
+  if gone > 0 then e = string.sub(e, gone * 24 + 1) end
+  wlim[k] = l
+  return e, at
+end
+local function lease_commit(k, l, cost, id)
+  local e, at = lease_live(k, l)
+  if cost > 0 then e = e .. pack_s('<ddd', at, cost, id) end
+  lsent[k] = e
+end
+local function lease_release(k, l, id)
+  local e = lease_live(k, l)
+  for i = 1, #e / 24 do
+    local _, _, got = lease(e, i)
+    if got == id then
+      lsent[k] = string.sub(e, 1, i * 24 - 24) .. string.sub(e, i * 24 + 1)
+      return true
+    end
+  end
+  lsent[k] = e
+  return false
 end
 
 -- Pending sliding writes of the transaction being decided (several ops
@@ -520,11 +615,13 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
     end
     return allowed
   end
+  local read = log_read
+  if kind[l] == 5 then read = lease_read end
   local pa = plog and plog[a] or 0
-  local at, used, newest, frees = log_read(a, l, pa, cost)
+  local at, used, newest, frees = read(a, l, pa, cost)
   if b ~= a then
     local pb = plog and plog[b] or 0
-    local atb, ub, nb, fb = log_read(b, l, pb, cost)
+    local atb, ub, nb, fb = read(b, l, pb, cost)
     local ta, tb = rate - used, rate - ub
     if plog and plog[a] then ta = ta - pa end
     if plog and plog[b] then tb = tb - pb end
@@ -535,11 +632,13 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
   local allowed = with + cost <= rate
   if allowed then
     if single then
-      if ctl % 2 == 1 then log_commit(k, l, cost) end
+      if ctl % 2 == 1 then
+        if kind[l] == 5 then lease_commit(k, l, cost, origin) else log_commit(k, l, cost) end
+      end
     else
       plog[k] = pa + cost
       nplist = nplist + 1
-      plist[nplist] = {k, l, cost}
+      plist[nplist] = {k, l, cost, origin}
     end
   end
   nout = nout + 1
@@ -599,6 +698,18 @@ local function settle_op(k, l, cost, origin, refund)
   end
 end
 
+-- A release of lease id on key k (a concurrency limit): committed at once,
+-- it appends whether the lease was held and what the key holds after it.
+local function release_op(k, l, id)
+  local held = lease_release(k, l, id)
+  local at, used, newest, frees = lease_read(k, l, 0, 0)
+  local tag = 2
+  if newest then tag = tag + 4 end
+  if held then tag = tag + 8 end
+  nout = nout + 1
+  out[nout] = pack_s('<Bdddd', tag, at, used, newest or 0, frees)
+end
+
 local nx = 0
 for i = 0, nops - 1 do
   local f = i * 4
@@ -645,6 +756,8 @@ for i = 0, nops - 1 do
     end
   else
     local b, origin = a, 0
+    local release = ctl >= 128
+    if release then ctl = ctl - 128 end
     local settle = 0
     if ctl >= 32 then
       settle = ctl - ctl % 32
@@ -670,7 +783,9 @@ for i = 0, nops - 1 do
       end
     end
 
-    if settle > 0 then
+    if release then
+      release_op(a, l, origin)
+    elseif settle > 0 then
       settle_op(a, l, cost, origin, settle == 64)
     elseif kind[l] >= 3 then
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
@@ -732,7 +847,11 @@ for i = 0, nops - 1 do
         end
         for j = 1, nplist do
           local c = plist[j]
-          log_commit(c[1], c[2], c[3])
+          if kind[c[2]] == 5 then
+            lease_commit(c[1], c[2], c[3], c[4])
+          else
+            log_commit(c[1], c[2], c[3])
+          end
         end
       end
     end
@@ -774,6 +893,12 @@ for k = 1, nkeys do
         if wcur[k] > 0 then n = 2 elseif wprev[k] > 0 then n = 1 end
         value = pack_s('<ddd', wcur[k], wws[k], wprev[k])
         empty_at = wws[k] + n * p2[l]
+      end
+    elseif kind[l] == 5 then
+      local e = lsent[k]
+      if #e > 0 then
+        value = '\5\5' .. e
+        empty_at = lease(e, #e / 24) + p2[l]
       end
     elseif #lent[k] > 0 then
       value = pack_s('<dB', lused[k], linex[k]) .. lent[k]

@@ -106,6 +106,13 @@ impl Store for Flaky {
         }
         self.0.settle(limit, key, change).await
     }
+
+    async fn release(&self, limit: &Limit, key: &str, id: u64) -> Result<bool, StoreError> {
+        if down(key) {
+            return Err(StoreError::Unavailable("the store is down".into()));
+        }
+        self.0.release(limit, key, id).await
+    }
 }
 
 /// An enforcer of the policy on a flaky store of its own, on a stopped

@@ -19,7 +19,7 @@ use axum::routing::{MethodRouter, get, post};
 use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
-use sluice_core::{Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
+use sluice_core::{Algorithm, Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_http::{denial, rate_limit_headers};
 use sluice_policy::RequestParts;
@@ -155,12 +155,14 @@ where
 
 /// Every route of the router. `/openapi.json` must describe each path,
 /// which the tests check against [`paths`].
-fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 10]
+fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 12]
 {
     [
         ("/v1/limit", post(limit::<C>)),
         ("/v1/check", post(check::<C>)),
         ("/v1/refund", post(refund::<C>)),
+        ("/v1/acquire", post(acquire::<C>)),
+        ("/v1/release", post(release::<C>)),
         ("/v1/reset", post(reset::<C>)),
         ("/v1/value", get(value::<C>)),
         ("/v1/decide", post(decide::<C>)),
@@ -418,6 +420,16 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
             );
         }
     };
+    if consume && named.limit().takes_leases() {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "limit {:?} counts calls in flight: take a slot with /v1/acquire, which \
+                 answers with the lease to release when the call ends",
+                named.name()
+            ),
+        );
+    }
     if call.force {
         return match (consume, call.reserve) {
             (true, false) => settled(
@@ -499,6 +511,116 @@ async fn refund<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body:
             .settle_named(&named, &r.key, Settle::Refund(count))
             .await,
     )
+}
+
+/// A `/v1/acquire` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Acquire {
+    limit: String,
+    key: String,
+    count: Option<serde_json::Number>,
+}
+
+/// What `/v1/acquire` answers: the decision, and the lease when admitted.
+#[derive(Debug, Serialize)]
+struct Acquired {
+    #[serde(flatten)]
+    decision: Answer,
+    /// The lease's id, as a string (it is a 53-bit number, which not every
+    /// JSON reader keeps exact); null when denied.
+    lease: Option<String>,
+    /// Seconds until the lease expires if it is never released; null when
+    /// denied.
+    expires: Option<f64>,
+}
+
+/// Takes `count` slots (1 by default) of a key of a concurrency limit under
+/// a new lease: 200 with the lease, or 429 when the key's slots are taken.
+async fn acquire<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
+    let a: Acquire = match json(body).await {
+        Ok(a) => a,
+        Err(res) => return res,
+    };
+    let count = match count_of(a.count.as_ref()) {
+        Ok(c) => c,
+        Err(res) => return res,
+    };
+    let policy = s.enforcer.policy();
+    let Some(named) = s.enforcer.limit_named(&policy, &a.limit) else {
+        return unknown_limit(&a.limit);
+    };
+    let Algorithm::Concurrency(c) = named.limit().algorithm() else {
+        return problem(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            format!(
+                "limit {:?} is a {}, which holds no leases: call /v1/limit",
+                named.name(),
+                named.limit().algorithm().name()
+            ),
+        );
+    };
+    let lease_secs = c.lease().as_secs_f64();
+    match s.enforcer.acquire_named(&named, &a.key, count).await {
+        Ok((d, held)) => {
+            let status = if d.allowed {
+                StatusCode::OK
+            } else {
+                StatusCode::TOO_MANY_REQUESTS
+            };
+            let answer = Acquired {
+                decision: Answer::from(d),
+                lease: held.as_ref().map(|h| h.lease.to_string()),
+                expires: held.map(|_| lease_secs),
+            };
+            json_response(status, &answer)
+        }
+        Err(e) => store_failed(&e),
+    }
+}
+
+/// A `/v1/release` body.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Release {
+    limit: String,
+    key: String,
+    lease: String,
+}
+
+/// Gives a lease's slots back. Releasing a lease that is unknown, expired
+/// or released already is no error: the answer says it released nothing.
+async fn release<C: Clock + Send + Sync>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
+    let r: Release = match json(body).await {
+        Ok(r) => r,
+        Err(res) => return res,
+    };
+    let policy = s.enforcer.policy();
+    let Some(named) = s.enforcer.limit_named(&policy, &r.limit) else {
+        return unknown_limit(&r.limit);
+    };
+    // Not a lease this server could have handed out: nothing to release.
+    let released = match r.lease.parse::<u64>() {
+        Ok(lease) if lease > 0 => {
+            let held = sluice_engine::Held {
+                limit: named.limit().clone(),
+                key: r.key,
+                lease,
+            };
+            match s.enforcer.release(&held).await {
+                Ok(released) => released,
+                Err(e) => return store_failed(&e),
+            }
+        }
+        _ => false,
+    };
+    json_response(StatusCode::OK, &serde_json::json!({ "released": released }))
 }
 
 /// Whether `headers` carry the admin token. Compared in constant time, so

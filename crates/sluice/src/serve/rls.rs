@@ -213,7 +213,7 @@ fn overriding<S: Store>(
     let start = match limit.algorithm() {
         Algorithm::FixedWindow(fw) => fw.start(),
         Algorithm::SlidingWindow(sw) => sw.start(),
-        Algorithm::TokenBucket(_) | Algorithm::SlidingLog(_) => None,
+        Algorithm::TokenBucket(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => None,
     };
     if let Some(start) = start {
         config["start"] = start.as_secs_f64().into();
@@ -408,6 +408,9 @@ fn current_limit(hit: &RuleHit<'_>) -> RateLimit {
         Algorithm::FixedWindow(fw) => fw.rate() / fw.period().as_secs_f64(),
         Algorithm::SlidingWindow(sw) => sw.rate() / sw.period().as_secs_f64(),
         Algorithm::SlidingLog(sl) => sl.rate() / sl.period().as_secs_f64(),
+        // Policies keep concurrency out of domains (Envoy never releases);
+        // the most a key could start were its leases never released.
+        Algorithm::Concurrency(c) => c.max() / c.lease().as_secs_f64(),
     };
     let (requests_per_unit, unit) = per_unit(per_sec);
     RateLimit {

@@ -109,4 +109,11 @@ impl<C: Clock + Send + Sync> Store for AnyStore<C> {
             AnyStore::Redis(r) => r.settle(limit, key, change).await,
         }
     }
+
+    async fn release(&self, limit: &Limit, key: &str, id: u64) -> Result<bool, StoreError> {
+        match self {
+            AnyStore::Memory(m) => Ok(m.release_now(limit, key, id)),
+            AnyStore::Redis(r) => r.release(limit, key, id).await,
+        }
+    }
 }

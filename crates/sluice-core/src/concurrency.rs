@@ -1,0 +1,204 @@
+//! Concurrency limits as pure functions: the leases a key holds, a
+//! configuration, the time and a call go in; a [`Decision`] and the leases
+//! to keep come out.
+//!
+//! A key's leases count like a sliding log whose window is the lease: a
+//! lease is an entry taken at its acquisition, holding its slots until it
+//! is released or a lease's length has passed. So a call is decided from a
+//! [`LogReading`], by the same [`LogReading::decide`] as a sliding log's
+//! (see [`Concurrency::as_log`]), and only releasing is new. Slots are whole,
+//! so every sum here is exact.
+
+use std::collections::VecDeque;
+
+use crate::config::Concurrency;
+use crate::decision::{Decision, Value};
+use crate::sliding::LogReading;
+use crate::time::Nanos;
+
+/// One lease: when it was taken, how many slots it holds, and its id.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Lease {
+    t: i64,
+    slots: f64,
+    id: u64,
+}
+
+/// The leases one key holds, oldest first. A key without leases has every
+/// slot free.
+///
+/// ```
+/// use sluice_core::{Concurrency, Nanos, concurrency::Leases};
+/// let c = Concurrency::new(2.0, Nanos(60)).unwrap();
+/// let mut key = Leases::default();
+/// key.acquire(&c, Nanos(0), 1.0, 7);
+/// key.acquire(&c, Nanos(1), 1.0, 8);
+/// assert!(!key.evaluate(&c, Nanos(2), 0.0, 1.0).allowed);
+/// assert!(key.release(&c, Nanos(3), 7));
+/// assert!(!key.release(&c, Nanos(3), 7), "released once");
+/// assert!(key.evaluate(&c, Nanos(3), 0.0, 1.0).allowed);
+/// // A lease never released frees its slot when it expires.
+/// assert!(key.evaluate(&c, Nanos(61), 0.0, 2.0).allowed);
+/// ```
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Leases {
+    leases: VecDeque<Lease>,
+}
+
+impl Leases {
+    /// How many leases are held (some may have expired and not yet been
+    /// dropped).
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.leases.len()
+    }
+
+    /// Whether no lease is held.
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.leases.is_empty()
+    }
+
+    /// The time the key is read at for a call at `now`: never before its
+    /// newest lease, so that a clock that steps back sees no lease expire
+    /// early, and leases stay in order.
+    #[inline]
+    fn at(&self, now: Nanos) -> i64 {
+        self.leases.back().map_or(now.0, |l| l.t.max(now.0))
+    }
+
+    /// How many leases, oldest first, have expired by `at`.
+    #[inline]
+    fn expired(&self, c: &Concurrency, at: i64) -> usize {
+        let cutoff = at.saturating_sub(c.lease().0);
+        self.leases.partition_point(|l| l.t <= cutoff)
+    }
+
+    /// What a call of `slots` at `now`, after `pending` slots taken at
+    /// `now` by earlier operations of the same transaction, is decided
+    /// from: the slots in flight as a sliding log's `used`, and, for a call
+    /// that does not fit, the lease whose expiry would let it in.
+    ///
+    /// ```
+    /// use sluice_core::{Concurrency, Nanos, concurrency::Leases};
+    /// let c = Concurrency::new(2.0, Nanos(10)).unwrap();
+    /// let mut key = Leases::default();
+    /// key.acquire(&c, Nanos(1), 2.0, 5);
+    /// let r = key.read(&c, Nanos(4), 0.0, 1.0);
+    /// assert_eq!((r.used, r.frees_at, r.newest), (2.0, Nanos(1), Some(Nanos(1))));
+    /// ```
+    pub fn read(&self, c: &Concurrency, now: Nanos, pending: f64, slots: f64) -> LogReading {
+        let at = self.at(now);
+        let live = self.leases.range(self.expired(c, at)..);
+        let used: f64 = live.clone().map(|l| l.slots).sum();
+        let mut left = used + pending;
+        let frees_at = if left + slots <= c.max() {
+            at
+        } else {
+            live.clone()
+                .find(|l| {
+                    left -= l.slots;
+                    left + slots <= c.max()
+                })
+                // Past every lease, only the pending slots are left: they
+                // expire a lease after `at`.
+                .map_or(at, |l| l.t)
+        };
+        LogReading {
+            at: Nanos(at),
+            used,
+            newest: live.last().map(|l| Nanos(l.t)),
+            frees_at: Nanos(frees_at),
+        }
+    }
+
+    /// Decides a call of `slots` at `now`, after `pending`. Changes
+    /// nothing: see [`Leases::acquire`].
+    #[inline]
+    pub fn evaluate(&self, c: &Concurrency, now: Nanos, pending: f64, slots: f64) -> Decision {
+        self.read(c, now, pending, slots)
+            .decide(&c.as_log(), pending, slots)
+    }
+
+    /// Takes `slots` under lease `id` at `now` (at the newest lease's time,
+    /// if the clock stepped back), after dropping the leases that have
+    /// expired. A call of 0 slots takes no lease.
+    pub fn acquire(&mut self, c: &Concurrency, now: Nanos, slots: f64, id: u64) {
+        let at = self.at(now);
+        self.expire(c, at);
+        if slots > 0.0 {
+            if self.leases.capacity() == 0 {
+                self.leases.reserve_exact(1);
+            }
+            self.leases.push_back(Lease { t: at, slots, id });
+        }
+    }
+
+    /// Gives back the slots of lease `id`, after dropping the leases that
+    /// have expired; returns whether it was still held. Releasing a lease
+    /// that is unknown, expired or already released changes nothing.
+    pub fn release(&mut self, c: &Concurrency, now: Nanos, id: u64) -> bool {
+        let at = self.at(now);
+        self.expire(c, at);
+        match self.leases.iter().position(|l| l.id == id) {
+            Some(i) => {
+                self.leases.remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn expire(&mut self, c: &Concurrency, at: i64) {
+        let gone = self.expired(c, at);
+        self.leases.drain(..gone);
+        if self.leases.capacity() > 8 && self.leases.len() * 4 < self.leases.capacity() {
+            self.leases.shrink_to(self.leases.len() * 2);
+        }
+    }
+
+    /// The slots free at `now`, and the time they are counted at.
+    pub fn current(&self, c: &Concurrency, now: Nanos) -> Value {
+        self.read(c, now, 0.0, 0.0).current(&c.as_log())
+    }
+
+    /// When every lease has expired: a lease after the newest was taken.
+    /// From then on the key holds nothing, and a store may drop it.
+    #[inline]
+    pub fn empty_at(&self, c: &Concurrency) -> Nanos {
+        self.leases
+            .back()
+            .map_or(Nanos(i64::MIN), |l| Nanos(l.t.saturating_add(c.lease().0)))
+    }
+
+    /// The fullest key (every slot taken, at `now` and every later time) of
+    /// any that is known only to be empty by `empty_at`, or `None` when that
+    /// time has come: every slot, under one lease taken a lease before
+    /// `empty_at` (or at `now`, if that is earlier), which no id can
+    /// release. A store that forgot a key brings it back as this.
+    pub fn emptiest(c: &Concurrency, empty_at: Nanos, now: Nanos) -> Option<Leases> {
+        if empty_at <= now {
+            return None;
+        }
+        let t = empty_at.0.saturating_sub(c.lease().0).min(now.0);
+        Some(Leases {
+            leases: VecDeque::from([Lease {
+                t,
+                slots: c.max(),
+                id: 0,
+            }]),
+        })
+    }
+}
+
+/// A fresh lease id: random, nonzero, and below 2⁵³, so that a double
+/// holds it exactly (the Redis store keeps leases in doubles).
+///
+/// ```
+/// let id = sluice_core::concurrency::lease_id();
+/// assert!(id > 0 && id < 1 << 53);
+/// ```
+#[inline]
+pub fn lease_id() -> u64 {
+    fastrand::u64(1..1 << 53)
+}
