@@ -419,3 +419,63 @@ proptest! {
         }
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// A concurrency limit against a brute-force list of leases: every
+    /// acquisition, check and release decides as the list says (a call fits
+    /// when the slots of the leases not yet expired, its own included, come
+    /// to at most `max`), and the slots held never pass `max`.
+    #[test]
+    fn concurrency_agrees_with_a_brute_force_list_of_leases(
+        max in 1u32..6,
+        lease_ms in 1i64..50,
+        steps in prop::collection::vec((0i64..20, 0u8..4, 0u32..7, any::<prop::sample::Index>()), 1..120),
+    ) {
+        let lease = lease_ms * 1_000_000;
+        let c = sluice_core::Concurrency::new(f64::from(max), Nanos(lease)).unwrap();
+        let limit = Limit::new("c", c);
+        let (clock, store) = store();
+        // The brute force: (taken at, slots, id) of every lease not released.
+        let mut model: Vec<(i64, f64, u64)> = Vec::new();
+        let mut ids: Vec<u64> = Vec::new();
+        let mut t = 0;
+        for (step_ms, what, slots, pick) in steps {
+            t += step_ms * 1_000_000;
+            clock.set(Nanos(t));
+            let held = |model: &[(i64, f64, u64)]| -> f64 {
+                model.iter().filter(|l| l.0 + lease > t).map(|l| l.1).sum()
+            };
+            match what {
+                0 | 1 => {
+                    let slots = f64::from(slots.min(max));
+                    let mode = if what == 0 { Mode::CONSUME } else { Mode::CHECK };
+                    let op = Op::new(&limit, "k", slots);
+                    let d = store.decide_now(op, mode).unwrap();
+                    let fits = held(&model) + slots <= f64::from(max);
+                    prop_assert_eq!(d.allowed, fits, "t {} slots {}", t, slots);
+                    // What is left after the call, as a check says too.
+                    let taken = if fits { slots } else { 0.0 };
+                    let left = f64::from(max) - held(&model) - taken;
+                    prop_assert_eq!(d.remaining, left.max(0.0) as u64);
+                    if fits && mode.consume && slots > 0.0 {
+                        model.push((t, slots, op.lease));
+                        ids.push(op.lease);
+                    }
+                }
+                _ if !ids.is_empty() => {
+                    let id = ids[pick.index(ids.len())];
+                    let live = model.iter().position(|l| l.2 == id && l.0 + lease > t);
+                    let released = store.release_now(&limit, "k", id);
+                    prop_assert_eq!(released, live.is_some(), "release {} at {}", id, t);
+                    model.retain(|l| l.2 != id);
+                }
+                _ => {}
+            }
+            prop_assert!(held(&model) <= f64::from(max));
+            let free = store.value_now(&limit, "k").tokens;
+            prop_assert_eq!(free, f64::from(max) - held(&model));
+        }
+    }
+}

@@ -779,3 +779,59 @@ fn the_binary_refuses_upstreams_that_are_not_plain_http() {
         assert!(stderr.contains("http://"), "{bad}: {stderr}");
     }
 }
+
+/// A concurrency rule of `max: 2` in front of a slow upstream, under 24
+/// clients at once: the upstream never answers more than 2 of them at a
+/// time, and the proxy holds each slot until the response body has been
+/// sent, not just its head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_concurrency_rule_keeps_the_upstream_to_its_max_in_flight() {
+    let policy = "
+rules:
+  - name: two-at-once
+    limit_keys: []
+    algorithm: concurrency
+    algorithm_config: {max: 2, lease: 1m}
+";
+    let (proxy, seen) = pair(policy).await;
+    let client = reqwest::Client::new();
+    let callers: Vec<_> = (0..24)
+        .map(|_| {
+            let (client, url) = (client.clone(), proxy.url("/busy"));
+            tokio::spawn(async move {
+                let (mut admitted, mut denied) = (0, 0);
+                for _ in 0..10 {
+                    let res = client.get(&url).send().await.unwrap();
+                    match res.status().as_u16() {
+                        200 => {
+                            assert_eq!(
+                                header(&res, "ratelimit-policy"),
+                                r#""two-at-once";q=2;qu="concurrent-requests""#
+                            );
+                            assert_eq!(res.text().await.unwrap(), "working done");
+                            admitted += 1;
+                        }
+                        429 => denied += 1,
+                        other => panic!("{other}"),
+                    }
+                }
+                (admitted, denied)
+            })
+        })
+        .collect();
+    let (mut admitted, mut denied) = (0, 0);
+    for caller in callers {
+        let (a, d) = caller.await.unwrap();
+        admitted += a;
+        denied += d;
+    }
+    eprintln!(
+        "{admitted} admitted, {denied} denied; at most {} at the upstream at once",
+        seen.most_busy()
+    );
+    assert_eq!(seen.most_busy(), 2, "two at once, and never three");
+    assert!(
+        admitted >= 2 && denied > 0,
+        "{admitted} admitted, {denied} denied"
+    );
+}

@@ -331,6 +331,68 @@ rules:
 }
 
 #[test]
+fn concurrency_holds_slots_for_a_duration_or_until_a_named_release() {
+    let policy = "
+limits:
+  jobs:
+    algorithm: concurrency
+    algorithm_config: {max: 2, lease: 10s}
+rules:
+  - name: uploads
+    limit_keys: [ip:address]
+    match: {path: /upload}
+    algorithm: concurrency
+    algorithm_config: {max: 1, lease: 10s}
+";
+    let job = |t: f64, extra: Value| {
+        let mut e = json!({"t": t, "limit": "jobs", "key": "k"});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    };
+    let upload = |t: f64, extra: Value| {
+        let mut e = json!({"t": t, "ip": "192.0.2.1", "path": "/upload"});
+        e.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        e
+    };
+    let ds = replay(
+        policy,
+        &[
+            job(0.0, json!({"lease": "a"})),
+            job(0.0, json!({"lease": "b"})),
+            job(1.0, json!({})),
+            job(2.0, json!({"release": "a"})),
+            job(2.0, json!({"release": "a"})),
+            job(3.0, json!({"duration": 2})),
+            job(4.0, json!({})),
+            job(5.0, json!({})),
+            upload(6.0, json!({"duration": 1})),
+            upload(6.5, json!({})),
+            upload(7.0, json!({})),
+            upload(7.0, json!({})),
+        ],
+    );
+    assert_decision(&ds[0], true, 1, None, 10.0);
+    assert_decision(&ds[1], true, 0, None, 10.0);
+    // Full until a's lease would expire at 10.
+    assert_decision(&ds[2], false, 0, Some(9.0), 9.0);
+    assert_eq!(
+        (&ds[3]["released"], &ds[4]["released"]),
+        (&json!(true), &json!(false))
+    );
+    assert_decision(&ds[5], true, 0, None, 10.0);
+    assert!(!ds[6]["allowed"].as_bool().unwrap(), "{}", ds[6]);
+    // The call of 3 s ago held its slot for 2 s: free again at 5.
+    assert!(ds[7]["allowed"].as_bool().unwrap(), "{}", ds[7]);
+    // A request holds its slot for its duration; one without takes none.
+    assert_eq!(column(&ds[8..], "allowed"), [true, false, true, true]);
+    assert_eq!(ds[9]["retry_after"], 9.5);
+}
+
+#[test]
 fn a_sliding_log_admits_exactly_its_rate_over_any_period() {
     let policy = "
 limits:

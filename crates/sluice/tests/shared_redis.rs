@@ -262,3 +262,124 @@ async fn a_refund_on_one_server_reaches_another_servers_deny_cache_at_once() {
     );
     assert!(metric_of(&client, &b, HEARD).await > heard);
 }
+
+/// The acceptance run for concurrency limits: four `sluice serve` processes
+/// on one Redis, 32 callers each taking a slot of one key, holding it for a
+/// random 0 to 20 ms of work, and giving it back. Each caller counts itself
+/// in before its work and out after it (before it releases), so the count
+/// the callers see is never below what Redis holds: it must never pass
+/// `max`. And it must reach it, or the run proved nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_servers_sharing_one_redis_never_let_more_than_max_calls_in_flight() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    const MAX: usize = 5;
+    let redis = redis::RedisServer::start();
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: redis, url: \"{}\", timeout_ms: 2000}}\n\
+         limits:\n  jobs:\n    algorithm: concurrency\n    \
+         algorithm_config: {{max: {MAX}, lease: 1m}}\n",
+        redis.url()
+    ));
+    let mut servers = Vec::new();
+    for _ in 0..4 {
+        let (process, base, _grpc) = spawn_serve(&path).await;
+        servers.push((process, base));
+    }
+    let client = reqwest::Client::new();
+    let in_flight = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let until = Instant::now() + Duration::from_secs(2);
+    let callers: Vec<_> = (0..32)
+        .map(|i| {
+            let base = servers[i % 4].1.clone();
+            let (client, in_flight, most) = (client.clone(), in_flight.clone(), most.clone());
+            tokio::spawn(async move {
+                let mut held = 0;
+                while Instant::now() < until {
+                    let (status, d) = post(
+                        &client,
+                        &base,
+                        "/v1/acquire",
+                        r#"{"limit": "jobs", "key": "queue"}"#,
+                    )
+                    .await;
+                    if status == 429 {
+                        continue;
+                    }
+                    assert_eq!(status, 200, "{d}");
+                    let now = in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+                    most.fetch_max(now, Ordering::SeqCst);
+                    // The caller's work: 0 to 20 ms.
+                    tokio::time::sleep(Duration::from_micros(fastrand::u64(0..20_000))).await;
+                    in_flight.fetch_sub(1, Ordering::SeqCst);
+                    let body = format!(
+                        r#"{{"limit": "jobs", "key": "queue", "lease": "{}"}}"#,
+                        d["lease"].as_str().unwrap()
+                    );
+                    let (status, r) = post(&client, &base, "/v1/release", &body).await;
+                    assert_eq!((status, &r["released"]), (200, &serde_json::json!(true)));
+                    held += 1;
+                }
+                held
+            })
+        })
+        .collect();
+    let mut held = 0;
+    for caller in callers {
+        held += caller.await.unwrap();
+    }
+    let most = most.load(Ordering::SeqCst);
+    eprintln!("{held} leases held and released; at most {most} in flight at once, of {MAX}");
+    assert!(most <= MAX, "{most} in flight at once");
+    assert_eq!(most, MAX, "the callers never filled every slot");
+}
+
+/// A server killed while its callers hold leases frees nothing itself; the
+/// leases expire a lease after they were taken, and then another server
+/// admits again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leases_held_through_a_killed_server_free_within_their_lease() {
+    const LEASE: Duration = Duration::from_secs(2);
+    let redis = redis::RedisServer::start();
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: redis, url: \"{}\", timeout_ms: 2000}}\n\
+         limits:\n  jobs:\n    algorithm: concurrency\n    \
+         algorithm_config: {{max: 3, lease: 2s}}\n",
+        redis.url()
+    ));
+    let (mut doomed, a, _) = spawn_serve(&path).await;
+    let (_survivor, b, _) = spawn_serve(&path).await;
+    let client = reqwest::Client::new();
+    let take = r#"{"limit": "jobs", "key": "queue"}"#;
+    let taken = Instant::now();
+    for _ in 0..3 {
+        assert_eq!(post(&client, &a, "/v1/acquire", take).await.0, 200);
+    }
+    doomed.0.kill().unwrap();
+    doomed.0.wait().unwrap();
+    let (status, d) = post(&client, &b, "/v1/acquire", take).await;
+    assert_eq!(status, 429, "{d}");
+    let wait = d["retry_after"].as_f64().unwrap();
+    assert!(wait > 0.0 && wait <= LEASE.as_secs_f64(), "{d}");
+    loop {
+        let (status, d) = post(&client, &b, "/v1/acquire", take).await;
+        if status == 200 {
+            break;
+        }
+        assert_eq!(status, 429, "{d}");
+        assert!(
+            taken.elapsed() < LEASE + Duration::from_millis(500),
+            "still full {:?} after the leases were taken",
+            taken.elapsed()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let freed = taken.elapsed();
+    eprintln!("the dead server's leases freed {freed:?} after they were taken");
+    assert!(
+        freed >= LEASE - Duration::from_millis(100),
+        "freed early: {freed:?}"
+    );
+}

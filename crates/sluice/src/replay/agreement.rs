@@ -224,12 +224,12 @@ async fn replay_and_the_middleware_agree_on_every_field_of_every_decision() {
 
     let mut verdicts = Vec::new();
     for (i, (t, peer, method, path, headers)) in events().into_iter().enumerate() {
-        replayer.set_time(t).unwrap();
+        replayer.set_time(t).await.unwrap();
         layer_clock.set(Nanos::from_secs_f64(t).unwrap());
 
         let req =
             parts(peer, method, path, &headers).with_client_behind(replayer.trusted_proxies());
-        let replayed = replayer.request(&req).await;
+        let replayed = replayer.request(&req, 0.0).await;
 
         let res = service
             .clone()

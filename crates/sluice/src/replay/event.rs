@@ -29,6 +29,12 @@ struct RawEvent {
     reserve: Option<bool>,
     refund: Option<bool>,
     force: Option<bool>,
+    /// Seconds the event's slots on concurrency limits are held.
+    duration: Option<f64>,
+    /// A name for the lease a call takes, for a later event to release.
+    lease: Option<String>,
+    /// The name of a lease to release.
+    release: Option<String>,
     algorithm: Option<serde_json::Value>,
     algorithm_config: Option<serde_json::Value>,
 }
@@ -36,10 +42,28 @@ struct RawEvent {
 /// One replayed event.
 #[derive(Debug)]
 pub(crate) enum Event {
-    /// A request, evaluated against the policy's rules.
-    Request(RequestParts),
+    /// A request, evaluated against the policy's rules, holding its slots
+    /// on concurrency rules for `duration` seconds (0: it takes no time).
+    Request(RequestParts, f64),
     /// A call to a named limit, as the decision API or the library makes.
     Call(Call),
+    /// The release of a lease a call named.
+    Release {
+        limit: String,
+        key: String,
+        lease: String,
+    },
+}
+
+/// How long a call on a concurrency limit holds its lease.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Hold {
+    /// Until it expires: nothing releases it.
+    Expiry,
+    /// For this many seconds.
+    For(f64),
+    /// Until an event releases it by this name.
+    Named(String),
 }
 
 /// A call to a named limit, or to one it brings (`algorithm` and
@@ -53,6 +77,8 @@ pub(crate) struct Call {
     /// Give `count` back (`"refund": true`), or charge it whatever the key
     /// holds (`"force": true`), instead of deciding a call.
     pub(crate) settle: Option<Settle>,
+    /// How long a lease taken on a concurrency limit is held.
+    pub(crate) hold: Hold,
     /// The call's own limit: its algorithm and that algorithm's settings.
     pub(crate) inline: Option<(serde_json::Value, serde_json::Value)>,
 }
@@ -62,6 +88,38 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
     let raw: RawEvent = serde_json::from_str(line)?;
     if !raw.t.as_f64().is_some_and(f64::is_finite) {
         bail!("`t` must be a finite number of seconds");
+    }
+    let duration = match raw.duration {
+        Some(d) if !(d.is_finite() && d >= 0.0) => {
+            bail!("`duration` must be a finite number of seconds ≥ 0, got {d}")
+        }
+        d => d,
+    };
+    if let Some(lease) = raw.release {
+        let Some(limit) = raw.limit else {
+            bail!("`release` names a lease of a named limit, which needs `limit`");
+        };
+        let others = [
+            raw.ip.is_some(),
+            raw.method.is_some(),
+            raw.path.is_some(),
+            raw.host.is_some(),
+            !raw.headers.is_empty(),
+            raw.query.is_some(),
+            raw.count.is_some(),
+            raw.reserve.is_some(),
+            raw.refund.is_some(),
+            raw.force.is_some(),
+            duration.is_some(),
+            raw.lease.is_some(),
+            raw.algorithm.is_some(),
+            raw.algorithm_config.is_some(),
+        ];
+        if others.into_iter().any(|present| present) {
+            bail!("a release event has `t`, `limit`, `key` and `release`, and nothing else");
+        }
+        let key = raw.key.unwrap_or_default();
+        return Ok((raw.t, Event::Release { limit, key, lease }));
     }
     let event = match raw.limit {
         Some(limit) => {
@@ -96,12 +154,23 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                 (true, false) => Some(Settle::Refund(count)),
                 (false, true) => Some(Settle::Charge(count)),
             };
+            let hold = match (duration, raw.lease) {
+                (None, None) => Hold::Expiry,
+                (Some(d), None) => Hold::For(d),
+                (None, Some(name)) => Hold::Named(name),
+                (Some(_), Some(_)) => {
+                    bail!(
+                        "a lease is held for a `duration` or until it is released by name, not both"
+                    )
+                }
+            };
             Event::Call(Call {
                 limit,
                 key: raw.key.unwrap_or_default(),
                 count,
                 reserve,
                 settle,
+                hold,
                 inline,
             })
         }
@@ -112,12 +181,13 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                 raw.reserve.is_some(),
                 raw.refund.is_some(),
                 raw.force.is_some(),
+                raw.lease.is_some(),
                 raw.algorithm.is_some(),
                 raw.algorithm_config.is_some(),
             ];
             if call_fields.into_iter().any(|present| present) {
                 bail!(
-                    "`key`, `count`, `reserve`, `refund`, `force`, `algorithm` and \
+                    "`key`, `count`, `reserve`, `refund`, `force`, `lease`, `algorithm` and \
                      `algorithm_config` belong to named-limit calls, which need `limit`"
                 );
             }
@@ -128,7 +198,7 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                         .with_context(|| format!("bad `ip` {ip:?}"))
                 })
                 .transpose()?;
-            Event::Request(RequestParts {
+            let parts = RequestParts {
                 ip,
                 method: raw.method.unwrap_or_else(|| "GET".to_owned()),
                 path: raw.path.unwrap_or_else(|| "/".to_owned()),
@@ -138,7 +208,8 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
                 // Recorded tokens can't be verified in virtual time: their
                 // expiry is against the real clock. Replays see no claims.
                 ..RequestParts::default()
-            })
+            };
+            Event::Request(parts, duration.unwrap_or(0.0))
         }
     };
     Ok((raw.t, event))
@@ -152,7 +223,7 @@ mod tests {
     fn requests_and_calls_are_told_apart() {
         let (t, e) = parse(r#"{"t": 0.5, "ip": "::1", "headers": {"X-A": "1"}}"#).unwrap();
         assert_eq!(t.as_f64(), Some(0.5));
-        let Event::Request(req) = e else {
+        let Event::Request(req, 0.0) = e else {
             panic!("request expected")
         };
         assert_eq!((req.method.as_str(), req.path.as_str()), ("GET", "/"));
@@ -164,10 +235,17 @@ mod tests {
                 count: 2.5,
                 reserve: false,
                 settle: None,
+                hold: Hold::Expiry,
                 inline: None,
                 ..
             })
         ));
+        let (_, e) = parse(r#"{"t": 1, "limit": "l", "key": "u", "lease": "job-1"}"#).unwrap();
+        assert!(matches!(e, Event::Call(Call { hold: Hold::Named(name), .. }) if name == "job-1"));
+        let (_, e) = parse(r#"{"t": 2, "limit": "l", "key": "u", "release": "job-1"}"#).unwrap();
+        assert!(matches!(e, Event::Release { lease, .. } if lease == "job-1"));
+        let (_, e) = parse(r#"{"t": 2, "path": "/upload", "duration": 1.5}"#).unwrap();
+        assert!(matches!(e, Event::Request(_, 1.5)));
         for (line, want) in [
             (
                 r#"{"t": 1, "limit": "l", "count": 3, "refund": true}"#,
@@ -216,6 +294,17 @@ mod tests {
                 r#"{"t": 1, "limit": "l", "force": true, "reserve": true}"#,
                 "takes no `reserve`",
             ),
+            (r#"{"t": 1, "release": "a"}"#, "needs `limit`"),
+            (
+                r#"{"t": 1, "limit": "l", "release": "a", "count": 1}"#,
+                "nothing else",
+            ),
+            (
+                r#"{"t": 1, "limit": "l", "lease": "a", "duration": 1}"#,
+                "not both",
+            ),
+            (r#"{"t": 1, "path": "/", "duration": -1}"#, "`duration`"),
+            (r#"{"t": 1, "path": "/", "lease": "a"}"#, "need `limit`"),
             (r#"{"ip": "::1"}"#, "missing field `t`"),
             ("{", "EOF"),
         ];

@@ -24,6 +24,9 @@ pub(crate) struct Line<'a> {
     /// can never succeed, a missing key part, a store that failed closed.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub(crate) error: Option<String>,
+    /// For a release: whether the lease was still held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) released: Option<bool>,
 }
 
 impl<'a> Line<'a> {
@@ -39,6 +42,16 @@ impl<'a> Line<'a> {
             reset: None,
             shadow_denied: Vec::new(),
             error: None,
+            released: None,
+        }
+    }
+
+    /// A release of a lease of `limit`.
+    pub(crate) fn released(t: &'a serde_json::Number, limit: &'a str, released: bool) -> Line<'a> {
+        Line {
+            rule: Some(limit),
+            released: Some(released),
+            ..Line::none(t)
         }
     }
 

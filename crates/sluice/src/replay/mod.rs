@@ -114,13 +114,21 @@ async fn replay<S: Store>(
         last_t = t;
         replayer
             .set_time(t)
+            .await
             .with_context(|| format!("{events_name}:{n}"))?;
         match event {
-            Event::Request(req) => {
+            Event::Request(req, duration) => {
                 // `ip` is the peer, as for /v1/decide and the middleware.
                 let req = req.with_client_behind(replayer.trusted_proxies());
-                let verdict = replayer.request(&req).await;
+                let verdict = replayer.request(&req, duration).await;
                 let line = Line::request(&t_raw, &verdict, replayer.policy());
+                serde_json::to_writer(&mut *out, &line)?;
+            }
+            Event::Release { limit, key, lease } => {
+                let line = replayer
+                    .release(&t_raw, &limit, &key, &lease)
+                    .await
+                    .with_context(|| format!("{events_name}:{n}"))?;
                 serde_json::to_writer(&mut *out, &line)?;
             }
             Event::Call(call) => {

@@ -1,13 +1,14 @@
 //! Decides replayed events with the engine every front end uses, on a store
 //! whose clock is the events' virtual time, and keeps the run's totals.
 
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
-use sluice_core::{FakeClock, MemoryStore, Mode, Nanos, Settle, Store, StoreError};
-use sluice_engine::{Enforcer, Verdict};
+use sluice_core::{Clock, FakeClock, MemoryStore, Mode, Nanos, Settle, Store, StoreError};
+use sluice_engine::{Enforcer, Held, Verdict};
 use sluice_policy::{Policy, RequestParts, StoreConfig, TrustedProxies};
 
-use super::event::Call;
+use super::event::{Call, Hold};
 use super::line::Line;
 use super::summary::Summary;
 
@@ -18,6 +19,12 @@ pub(crate) struct Replayer<S> {
     policy: Arc<Policy>,
     clock: FakeClock,
     pub(crate) summary: Summary,
+    /// Leases to release when virtual time reaches their time, in order
+    /// (the second number keeps leases due at one time apart).
+    due: BTreeMap<(Nanos, u64), Held>,
+    /// Leases that calls named, for a later event to release: by limit,
+    /// key and name.
+    named: HashMap<(String, String, String), Held>,
 }
 
 impl Replayer<MemoryStore<FakeClock>> {
@@ -41,6 +48,11 @@ impl Replayer<MemoryStore<FakeClock>> {
     }
 }
 
+/// `t` seconds as nanoseconds, if in range.
+fn secs(t: f64) -> anyhow::Result<Nanos> {
+    Nanos::from_secs_f64(t).ok_or_else(|| anyhow::anyhow!("{t} s is out of range"))
+}
+
 impl<S: Store> Replayer<S> {
     /// A replay deciding with `enforcer`, whose store reads `clock`.
     pub(crate) fn with_enforcer(enforcer: Enforcer<S>, clock: FakeClock) -> Self {
@@ -51,6 +63,8 @@ impl<S: Store> Replayer<S> {
             policy,
             clock,
             summary,
+            due: BTreeMap::new(),
+            named: HashMap::new(),
         }
     }
 
@@ -64,18 +78,61 @@ impl<S: Store> Replayer<S> {
         self.policy.trusted_proxies()
     }
 
-    /// Moves virtual time to `t` seconds.
-    pub(crate) fn set_time(&self, t: f64) -> anyhow::Result<()> {
-        let now =
-            Nanos::from_secs_f64(t).ok_or_else(|| anyhow::anyhow!("`t` = {t} is out of range"))?;
+    /// Moves virtual time to `t` seconds, releasing on the way, each at its
+    /// own time, the leases whose holders are done by then.
+    pub(crate) async fn set_time(&mut self, t: f64) -> anyhow::Result<()> {
+        let now = secs(t)?;
+        while let Some(entry) = self.due.first_entry() {
+            if entry.key().0 > now {
+                break;
+            }
+            let ((at, _), held) = entry.remove_entry();
+            self.clock.set(at.max(self.clock.now()));
+            self.enforcer.release(&held).await?;
+        }
         self.clock.set(now);
         Ok(())
     }
 
+    /// Holds `held` for `duration` seconds from now.
+    fn hold_for(&mut self, held: Held, duration: f64) -> anyhow::Result<()> {
+        let at = Nanos(self.clock.now().0.saturating_add(secs(duration)?.0));
+        let seq = self.due.len() as u64 + self.clock.now().0.unsigned_abs();
+        let mut key = (at, seq);
+        while self.due.contains_key(&key) {
+            key.1 = key.1.wrapping_add(1);
+        }
+        self.due.insert(key, held);
+        Ok(())
+    }
+
+    /// The release of the lease a call named `name` on `key` of `limit`.
+    pub(crate) async fn release<'a>(
+        &mut self,
+        t: &'a serde_json::Number,
+        limit: &'a str,
+        key: &str,
+        name: &str,
+    ) -> anyhow::Result<Line<'a>> {
+        let released = match self
+            .named
+            .remove(&(limit.to_owned(), key.to_owned(), name.to_owned()))
+        {
+            Some(held) => self.enforcer.release(&held).await?,
+            None => false,
+        };
+        self.summary.event(true, true);
+        Ok(Line::released(t, limit, released))
+    }
+
     /// A request, decided and counted.
-    pub(crate) async fn request(&mut self, req: &RequestParts) -> Verdict {
-        let verdict = self.enforcer.enforce(&self.policy, req).await;
+    pub(crate) async fn request(&mut self, req: &RequestParts, duration: f64) -> Verdict {
+        let mut verdict = self.enforcer.enforce(&self.policy, req).await;
         self.summary.verdict(&verdict);
+        for held in std::mem::take(&mut verdict.leases) {
+            // A duration is finite and ≥ 0, so always in range.
+            let _ = self.hold_for(held, duration);
+        }
         verdict
     }
 
@@ -91,19 +148,21 @@ impl<S: Store> Replayer<S> {
             count,
             reserve,
             settle,
+            hold,
             inline,
         } = call;
         let (key, count, reserve) = (key.as_str(), *count, *reserve);
         let brought;
+        let policy = Arc::clone(&self.policy);
         let named = match inline {
-            None => match self.policy.named_limit(name) {
+            None => match policy.named_limit(name) {
                 Some(named) => named,
                 None => anyhow::bail!("no limit named {name:?} in the policy"),
             },
             Some((algorithm, config)) => {
                 brought = self
                     .enforcer
-                    .inline_limit(&self.policy, name, algorithm, config)?;
+                    .inline_limit(&policy, name, algorithm, config)?;
                 &*brought
             }
         };
@@ -114,6 +173,23 @@ impl<S: Store> Replayer<S> {
         };
         let result = match settle {
             Some(change) => self.enforcer.settle_named(named, key, *change).await,
+            None if named.limit().takes_leases() && !reserve => {
+                match self.enforcer.acquire_named(named, key, count).await {
+                    Ok((d, Some(held))) => {
+                        match hold {
+                            Hold::Expiry => {}
+                            Hold::For(duration) => self.hold_for(held, *duration)?,
+                            Hold::Named(lease) => {
+                                self.named
+                                    .insert((name.clone(), key.to_owned(), lease.clone()), held);
+                            }
+                        }
+                        Ok(d)
+                    }
+                    Ok((d, None)) => Ok(d),
+                    Err(e) => Err(e),
+                }
+            }
             None => self.enforcer.decide_named(named, key, count, mode).await,
         };
         let line = match result {

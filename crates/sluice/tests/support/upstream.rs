@@ -40,6 +40,9 @@ pub(crate) struct Seen {
     /// `/gate` answers once this resolves; `arrived` says it is waiting.
     pub(crate) gate: Mutex<Option<oneshot::Receiver<()>>>,
     pub(crate) arrived: Mutex<Option<oneshot::Sender<()>>>,
+    /// `/busy` requests being answered now, and the most there ever were.
+    busy: AtomicUsize,
+    most_busy: AtomicUsize,
 }
 
 impl Seen {
@@ -50,6 +53,28 @@ impl Seen {
     pub(crate) fn ports(&self) -> usize {
         self.ports.lock().unwrap().len()
     }
+
+    /// The most `/busy` requests the upstream was ever answering at once.
+    pub(crate) fn most_busy(&self) -> usize {
+        self.most_busy.load(Ordering::SeqCst)
+    }
+}
+
+/// A slow endpoint: each request takes 20 ms of the upstream's time (its
+/// work, not a wait for anything), counted while it lasts. The response
+/// streams a first chunk, then the rest once the work is done, so that the
+/// request is in flight until its body ends.
+async fn busy(State(seen): State<Arc<Seen>>) -> Response {
+    let now = seen.busy.fetch_add(1, Ordering::SeqCst) + 1;
+    seen.most_busy.fetch_max(now, Ordering::SeqCst);
+    let (tx, rx) = mpsc::channel(2);
+    tokio::spawn(async move {
+        let _ = tx.send(Bytes::from_static(b"working ")).await;
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        seen.busy.fetch_sub(1, Ordering::SeqCst);
+        let _ = tx.send(Bytes::from_static(b"done")).await;
+    });
+    Response::new(Body::new(ChannelBody(rx)))
 }
 
 /// Counts each request, and the connection it came on, before it is answered.
@@ -212,6 +237,7 @@ pub(crate) async fn start_upstream() -> (SocketAddr, Arc<Seen>) {
         .route("/hop", get(hop))
         .route("/switch", get(switch))
         .route("/slow", any(std::future::pending::<&'static str>))
+        .route("/busy", get(busy))
         .fallback(echo)
         .layer(axum::middleware::from_fn_with_state(
             Arc::clone(&seen),
