@@ -205,6 +205,14 @@ rules:
     assert_eq!(ds[0]["limit"], 2);
 }
 
+/// `event` with the fields of `extra` added.
+fn with_fields(mut event: Value, extra: Value) -> Value {
+    if let (Some(e), Value::Object(more)) = (event.as_object_mut(), extra) {
+        e.extend(more);
+    }
+    event
+}
+
 /// Asserts that `d` has these fields, `retry_after` to within a nanosecond.
 #[track_caller]
 fn assert_decision(d: &Value, allowed: bool, remaining: u64, retry_after: Option<f64>, reset: f64) {
@@ -262,11 +270,10 @@ limits:
     algorithm_config: {rate: 1000, period: 1m}
 ";
     let at = |t: f64, count: f64, extra: Value| {
-        let mut e = json!({"t": t, "limit": "llm", "key": "team", "count": count});
-        e.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        e
+        with_fields(
+            json!({"t": t, "limit": "llm", "key": "team", "count": count}),
+            extra,
+        )
     };
     let ds = replay(
         policy,
@@ -344,19 +351,10 @@ rules:
     algorithm: concurrency
     algorithm_config: {max: 1, lease: 10s}
 ";
-    let job = |t: f64, extra: Value| {
-        let mut e = json!({"t": t, "limit": "jobs", "key": "k"});
-        e.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        e
-    };
+    let job =
+        |t: f64, extra: Value| with_fields(json!({"t": t, "limit": "jobs", "key": "k"}), extra);
     let upload = |t: f64, extra: Value| {
-        let mut e = json!({"t": t, "ip": "192.0.2.1", "path": "/upload"});
-        e.as_object_mut()
-            .unwrap()
-            .extend(extra.as_object().unwrap().clone());
-        e
+        with_fields(json!({"t": t, "ip": "192.0.2.1", "path": "/upload"}), extra)
     };
     let ds = replay(
         policy,

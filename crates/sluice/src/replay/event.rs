@@ -83,6 +83,30 @@ pub(crate) struct Call {
     pub(crate) inline: Option<(serde_json::Value, serde_json::Value)>,
 }
 
+impl RawEvent {
+    /// Whether any field of a request event is given.
+    fn has_request_fields(&self) -> bool {
+        self.ip.is_some()
+            || self.method.is_some()
+            || self.path.is_some()
+            || self.host.is_some()
+            || !self.headers.is_empty()
+            || self.query.is_some()
+    }
+
+    /// Whether any field of a named-limit call is given, but `limit`, `key`
+    /// and `duration`, which others share.
+    fn has_call_fields(&self) -> bool {
+        self.count.is_some()
+            || self.reserve.is_some()
+            || self.refund.is_some()
+            || self.force.is_some()
+            || self.lease.is_some()
+            || self.algorithm.is_some()
+            || self.algorithm_config.is_some()
+    }
+}
+
 /// Parses one line; errors say what is wrong, and the caller adds where.
 pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
     let raw: RawEvent = serde_json::from_str(line)?;
@@ -95,27 +119,13 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
         }
         d => d,
     };
+    let (request_fields, call_fields_but_key) = (raw.has_request_fields(), raw.has_call_fields());
+    let call_fields = raw.key.is_some() || call_fields_but_key;
     if let Some(lease) = raw.release {
         let Some(limit) = raw.limit else {
             bail!("`release` names a lease of a named limit, which needs `limit`");
         };
-        let others = [
-            raw.ip.is_some(),
-            raw.method.is_some(),
-            raw.path.is_some(),
-            raw.host.is_some(),
-            !raw.headers.is_empty(),
-            raw.query.is_some(),
-            raw.count.is_some(),
-            raw.reserve.is_some(),
-            raw.refund.is_some(),
-            raw.force.is_some(),
-            duration.is_some(),
-            raw.lease.is_some(),
-            raw.algorithm.is_some(),
-            raw.algorithm_config.is_some(),
-        ];
-        if others.into_iter().any(|present| present) {
+        if request_fields || call_fields_but_key || raw.duration.is_some() {
             bail!("a release event has `t`, `limit`, `key` and `release`, and nothing else");
         }
         let key = raw.key.unwrap_or_default();
@@ -123,15 +133,7 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
     }
     let event = match raw.limit {
         Some(limit) => {
-            let request_fields = [
-                raw.ip.is_some(),
-                raw.method.is_some(),
-                raw.path.is_some(),
-                raw.host.is_some(),
-                !raw.headers.is_empty(),
-                raw.query.is_some(),
-            ];
-            if request_fields.into_iter().any(|present| present) {
+            if request_fields {
                 bail!(
                     "an event is either a request (ip, method, path, host, headers, query) \
                      or a named-limit call (limit, key, count, reserve, refund, force, \
@@ -175,17 +177,7 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
             })
         }
         None => {
-            let call_fields = [
-                raw.key.is_some(),
-                raw.count.is_some(),
-                raw.reserve.is_some(),
-                raw.refund.is_some(),
-                raw.force.is_some(),
-                raw.lease.is_some(),
-                raw.algorithm.is_some(),
-                raw.algorithm_config.is_some(),
-            ];
-            if call_fields.into_iter().any(|present| present) {
+            if call_fields {
                 bail!(
                     "`key`, `count`, `reserve`, `refund`, `force`, `lease`, `algorithm` and \
                      `algorithm_config` belong to named-limit calls, which need `limit`"
