@@ -549,8 +549,7 @@ impl<S: Store> Enforcer<S> {
             .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
-        let owners: Vec<Owner<'_>> = rules.iter().map(|r| Owner::of_rule(r)).collect();
-        let outcome = match self.transact(&ops, &owners).await {
+        let outcome = match self.transact(&ops, &rules).await {
             Ok(out) => out,
             Err(StoreError::Cost(e)) => {
                 let at = ops.iter().position(|op| op.validate(false).is_err());
@@ -605,7 +604,7 @@ impl<S: Store> Enforcer<S> {
     /// the request's.
     async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
-        match self.transact(&[op], &[Owner::of_rule(hit.rule)]).await {
+        match self.transact(&[op], &[hit.rule]).await {
             Ok(out) => {
                 if out.allowed {
                     leases.extend(held(hit, &op));
@@ -623,12 +622,13 @@ impl<S: Store> Enforcer<S> {
 
     /// One rules' transaction, timed and counted; failures are counted by
     /// how the rules in it treat them.
-    async fn transact(&self, ops: &[Op<'_>], owners: &[Owner<'_>]) -> Result<Outcome, StoreError> {
+    async fn transact(&self, ops: &[Op<'_>], rules: &[&Rule]) -> Result<Outcome, StoreError> {
         let started = Instant::now();
-        let result = if owners.iter().all(|o| o.penalty.is_none()) {
+        let result = if rules.iter().all(|r| r.penalty().is_none()) {
             self.store.transact(ops, Mode::CONSUME).await
         } else {
-            self.gated(ops, owners, Mode::CONSUME).await
+            let owners: Vec<Owner<'_>> = rules.iter().map(|r| Owner::of_rule(r)).collect();
+            self.gated(ops, &owners, Mode::CONSUME).await
         };
         self.meters
             .transact()
@@ -636,7 +636,7 @@ impl<S: Store> Enforcer<S> {
         if let Err(e) = &result
             && !matches!(e, StoreError::Cost(_))
         {
-            self.store_failed(e, owners.iter().map(|o| (o.name, o.on_error)));
+            self.store_failed(e, rules.iter().map(|r| (r.name(), r.on_store_error())));
         }
         result
     }

@@ -858,3 +858,29 @@ fn a_call_that_brings_its_own_limit_replays_as_the_same_limit_in_the_policy() {
     );
     assert_eq!(inline[2]["retry_after"], json!(8.0));
 }
+
+#[test]
+fn ipv6_clients_are_keyed_by_their_64_unless_the_policy_says_otherwise() {
+    let policy = |prefix: &str| {
+        format!(
+            "{prefix}rules:\n  - name: per-ip\n    limit_keys: [ip:address]\n    \
+             algorithm: token_bucket\n    algorithm_config: {{rate: 1, period: 1h, burst: 1}}\n"
+        )
+    };
+    let events = [
+        req(0.0, "2001:db8:1:2::1"),
+        req(0.0, "2001:db8:1:2:ffff::9"),
+        req(0.0, "2001:db8:1:3::1"),
+        req(0.0, "192.0.2.1"),
+        req(0.0, "192.0.2.2"),
+    ];
+    // One /64 is one client: its second address finds the bucket spent.
+    let ds = replay(&policy(""), &events);
+    assert_eq!(column(&ds, "allowed"), [true, false, true, true, true]);
+    // Keyed per address, each has its own.
+    let ds = replay(&policy("ipv6_prefix: 128\n"), &events);
+    assert_eq!(column(&ds, "allowed"), [true, true, true, true, true]);
+    // A /48 puts both /64s of the site together.
+    let ds = replay(&policy("ipv6_prefix: 48\n"), &events);
+    assert_eq!(column(&ds, "allowed"), [true, false, false, true, true]);
+}

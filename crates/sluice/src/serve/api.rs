@@ -740,7 +740,10 @@ struct DecideAnswer {
     headers: BTreeMap<String, String>,
 }
 
-async fn decide<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
+async fn decide<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
     let e: Event = match json(body).await {
         Ok(e) => e,
         Err(res) => return res,
@@ -757,7 +760,11 @@ async fn decide<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body:
     }
     // `ip` is the peer the request came from, as a socket reports it.
     .with_client_behind(policy.trusted_proxies());
-    let verdict = s.enforcer.enforce(&policy, &parts).await;
+    let mut verdict = s.enforcer.enforce(&policy, &parts).await;
+    // Nothing here learns when the request's work ends: slots it took on
+    // concurrency rules go back as soon as it is decided (use /v1/acquire
+    // and /v1/release, the middleware or the proxy to hold one).
+    let _slots = s.enforcer.hold(&mut verdict);
     decided(&verdict)
 }
 
