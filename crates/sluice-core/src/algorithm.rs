@@ -297,7 +297,8 @@ pub fn unspent(
 
 /// The state of a key after settling `change` at `now`: refilled (or rolled
 /// over) to `now`, then given tokens back up to the capacity at most, or
-/// charged without a floor.
+/// charged down to [`Algorithm::deepest_debt`] below zero at most (a
+/// [`Settle::ChargeOnce`] only if the key is not below zero already).
 ///
 /// ```
 /// use sluice_core::{Algorithm, Nanos, Settle, TokenBucket, algorithm::{settle, State}};
@@ -306,6 +307,8 @@ pub fn unspent(
 /// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Refund(600.0)).tokens, 600.0);
 /// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Refund(6000.0)).tokens, 1000.0);
 /// assert_eq!(settle(&tb, s, 0, Nanos(0), Settle::Charge(50.0)).tokens, -50.0);
+/// let owing = Some(State { tokens: -5.0, ts: Nanos(0) });
+/// assert_eq!(settle(&tb, owing, 0, Nanos(0), Settle::ChargeOnce(50.0)).tokens, -5.0);
 /// ```
 pub fn settle(
     alg: &Algorithm,
@@ -320,7 +323,8 @@ pub fn settle(
     };
     let tokens = match change {
         Settle::Refund(n) => (s.tokens + n).min(alg.capacity()),
-        Settle::Charge(n) => s.tokens - n,
+        Settle::ChargeOnce(_) if s.tokens < 0.0 => s.tokens,
+        Settle::Charge(n) | Settle::ChargeOnce(n) => (s.tokens - n).max(-alg.deepest_debt()),
     };
     State { tokens, ts: s.ts }
 }

@@ -612,6 +612,24 @@ impl Algorithm {
     /// assert_eq!(Algorithm::from(bounded).reservable(), 100.0);
     /// ```
     pub fn reservable(&self) -> f64 {
+        self.max_reserved()
+            .unwrap_or(f64::INFINITY)
+            .min(self.deepest_debt())
+    }
+
+    /// The deepest a key may go below zero, whatever takes it there: the
+    /// tokens refilled in [`RESERVATION_HORIZON`] (a fixed window: its rate
+    /// times the whole windows in it), at most [`MAX_EXACT_TOKENS`], so
+    /// that no caller can hold a key back for longer than a year. Nothing
+    /// for the sliding algorithms and concurrency, which never go below
+    /// zero.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, Nanos, TokenBucket};
+    /// let hourly = TokenBucket::per_period(1.0, Nanos(3600 * Nanos::PER_SEC)).unwrap();
+    /// assert_eq!(Algorithm::from(hourly.with_max_reserved(5.0).unwrap()).deepest_debt(), 8760.0);
+    /// ```
+    pub fn deepest_debt(&self) -> f64 {
         let horizon = match self {
             Algorithm::TokenBucket(tb) => tb.refill(RESERVATION_HORIZON.0),
             Algorithm::FixedWindow(fw) => {
@@ -621,10 +639,7 @@ impl Algorithm {
                 0.0
             }
         };
-        self.max_reserved()
-            .unwrap_or(f64::INFINITY)
-            .min(horizon)
-            .min(MAX_EXACT_TOKENS)
+        horizon.min(MAX_EXACT_TOKENS)
     }
 
     /// The largest cost a call may ask for; above it the cost is an error

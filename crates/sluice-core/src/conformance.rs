@@ -641,6 +641,14 @@ pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
     assert_eq!(d.retry_after, Some(18.06), "301 tokens at 1000 a minute");
     step(clock, 18_060_000_000);
     assert!(one(store, &l, "team", 1.0, Mode::CONSUME).await.allowed);
+    // No charge takes a key deeper than a year of refill below zero.
+    let d = settle(store, &l, "team", Settle::Charge(9e15)).await;
+    assert_eq!(
+        d.reset,
+        365.0 * 24.0 * 3600.0 + 60.0,
+        "a year of debt, then a minute to fill up"
+    );
+    store.reset(&l, "team").await.unwrap();
     for bad in [f64::NAN, -1.0, f64::INFINITY, 1e300] {
         for change in [Settle::Refund(bad), Settle::Charge(bad)] {
             match store.settle(&l, "team", change).await {
@@ -708,8 +716,13 @@ pub async fn a_penalty_gate_shuts_for_exactly_its_penalty<St: Store>(
     assert!(!one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
     step(clock, 1);
     assert!(one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
-    // Open again, and shut again by the next charge.
-    settle(store, &gate, "k", Settle::Charge(1.0)).await;
+    // Shut again, once however many times: the gate opens a penalty after
+    // the first.
+    let shut = settle(store, &gate, "k", Settle::ChargeOnce(1.0)).await;
+    assert_eq!(shut.reset, 10.0);
+    step(clock, S);
+    let again = settle(store, &gate, "k", Settle::ChargeOnce(1.0)).await;
+    assert_eq!(again.reset, 9.0, "a second ChargeOnce changes nothing");
     assert!(!one(store, &gate, "k", 0.0, Mode::CHECK).await.allowed);
     store.reset(&gate, "k").await.unwrap();
     assert!(one(store, &gate, "k", 0.0, Mode::CHECK).await.allowed);

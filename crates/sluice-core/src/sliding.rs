@@ -367,7 +367,8 @@ pub fn window_settle(
 ) -> WindowState {
     let mut s = roll(sw, state, offset, now);
     match change {
-        Settle::Charge(n) => s.cur += n,
+        Settle::ChargeOnce(_) if weighted(sw, &s, now) + s.cur > sw.rate() => {}
+        Settle::Charge(n) | Settle::ChargeOnce(n) => s.cur += n,
         Settle::Refund(n) => {
             let back = n.min(s.cur);
             s.cur -= back;
@@ -644,7 +645,8 @@ impl Log {
     /// ```
     pub fn settle(&mut self, sl: &SlidingLog, now: Nanos, change: Settle) {
         let n = match change {
-            Settle::Charge(n) => return self.commit(sl, now, n),
+            Settle::ChargeOnce(_) if self.current(sl, now).tokens < 0.0 => return,
+            Settle::Charge(n) | Settle::ChargeOnce(n) => return self.commit(sl, now, n),
             Settle::Refund(n) => n,
         };
         let now = self.at(now);

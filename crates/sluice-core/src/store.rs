@@ -83,8 +83,17 @@ pub enum Settle {
     Refund(f64),
     /// Take this many tokens whatever the key holds, down below zero if
     /// need be: a call that cost more than it took. The debt is repaid by
-    /// refill, and until it is, calls are denied.
+    /// refill, and until it is, calls are denied. A token bucket or fixed
+    /// window goes no deeper than [`Algorithm::deepest_debt`], a year of
+    /// refill.
+    ///
+    /// [`Algorithm::deepest_debt`]: crate::Algorithm::deepest_debt
     Charge(f64),
+    /// [`Settle::Charge`], unless the key is in debt already (below zero,
+    /// or counting more than its rate), when it changes nothing: however
+    /// many of these land at once, the key pays once. What starts a
+    /// penalty, which a denial during it must not lengthen.
+    ChargeOnce(f64),
 }
 
 impl Settle {
@@ -92,7 +101,7 @@ impl Settle {
     #[inline]
     pub fn amount(self) -> f64 {
         match self {
-            Settle::Refund(n) | Settle::Charge(n) => n,
+            Settle::Refund(n) | Settle::Charge(n) | Settle::ChargeOnce(n) => n,
         }
     }
 
@@ -103,6 +112,7 @@ impl Settle {
         match self {
             Settle::Refund(x) => Settle::Refund(x / n),
             Settle::Charge(x) => Settle::Charge(x / n),
+            Settle::ChargeOnce(x) => Settle::ChargeOnce(x / n),
         }
     }
 
@@ -228,8 +238,9 @@ impl<'a> Op<'a> {
         Op { pick, ..self }
     }
 
-    /// The same operation taking the lease `id` (nonzero, below 2⁵³), for
-    /// reproducible runs; only a concurrency limit takes one.
+    /// The same operation taking the lease `id` (nonzero, below 2⁵³; an id
+    /// of 0 could never be released), for reproducible runs; only a
+    /// concurrency limit takes one.
     ///
     /// ```
     /// use sluice_core::{Concurrency, Limit, Nanos, Op};

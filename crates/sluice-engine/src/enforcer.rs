@@ -11,7 +11,7 @@ use smallvec::SmallVec;
 
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::Meters;
-use crate::slots::Held;
+use crate::slots::{Held, Releaser, Slots, releaser};
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
@@ -44,7 +44,9 @@ use crate::verified::Verified;
 /// ```
 pub struct Enforcer<S> {
     policy: ArcSwap<Policy>,
-    store: S,
+    store: Arc<S>,
+    /// Gives leases back in the background (see [`Slots`]).
+    releaser: Releaser,
     meters: Meters,
     /// Where hot-key shard choices come from when they must repeat (replay);
     /// `None` draws them at random.
@@ -56,7 +58,7 @@ pub struct Enforcer<S> {
     overrides: InlineLimits,
 }
 
-impl<S: Store> Enforcer<S> {
+impl<S: Store + 'static> Enforcer<S> {
     /// An enforcer of `policy` on `store`.
     ///
     /// ```
@@ -67,8 +69,10 @@ impl<S: Store> Enforcer<S> {
     /// assert!(e.policy().rules().is_empty());
     /// ```
     pub fn new(policy: Policy, store: S) -> Self {
+        let store = Arc::new(store);
         Enforcer {
             policy: ArcSwap::from_pointee(policy),
+            releaser: releaser(Arc::clone(&store)),
             store,
             meters: Meters::default(),
             picks: None,
@@ -288,13 +292,39 @@ impl<S: Store> Enforcer<S> {
         count: f64,
     ) -> Result<(Decision, Option<Held>), StoreError> {
         let op = self.op(named.limit(), key, count);
+        // Released if the store call ends without an answer (an error, a
+        // missed deadline, a dropped future): it may have taken the lease.
+        let mut pending = self.pending([(named.limit(), key, &op)]);
         let d = self.decide_op(named, op, Mode::CONSUME).await?;
-        let held = (d.allowed && count > 0.0 && named.limit().takes_leases()).then(|| Held {
-            limit: named.limit().clone(),
-            key: key.to_owned(),
-            lease: op.lease,
-        });
-        Ok((d, held))
+        let mut leases = pending.disarm();
+        Ok((d, leases.pop().filter(|_| d.allowed)))
+    }
+
+    /// The leases `ops` would take, held until the store answers: see
+    /// [`Slots::disarm`].
+    fn pending<'o>(
+        &self,
+        ops: impl IntoIterator<Item = (&'o Limit, &'o str, &'o Op<'o>)>,
+    ) -> Slots {
+        let leases = ops
+            .into_iter()
+            .filter(|(_, _, op)| op.limit.takes_leases() && op.cost > 0.0)
+            .map(|(limit, key, op)| Held {
+                limit: limit.clone(),
+                key: key.to_owned(),
+                lease: op.lease,
+            })
+            .collect();
+        Slots::new(leases, &self.releaser)
+    }
+
+    /// Takes the leases `verdict` took (see [`Verdict::leases`]) into
+    /// [`Slots`] that release them when dropped: hold it for as long as the
+    /// request's work goes on.
+    ///
+    /// [`Verdict::leases`]: crate::Verdict::leases
+    pub fn hold(&self, verdict: &mut Verdict) -> Slots {
+        Slots::new(std::mem::take(&mut verdict.leases), &self.releaser)
     }
 
     /// Releases a lease taken by [`Enforcer::acquire_named`] or by a
@@ -480,7 +510,7 @@ impl<S: Store> Enforcer<S> {
             Ok(_) => {
                 let kind = match change {
                     Settle::Refund(_) => "refund",
-                    Settle::Charge(_) => "charge",
+                    Settle::Charge(_) | Settle::ChargeOnce(_) => "charge",
                 };
                 metrics::counter!("sluice_settlements_total", "limit" => name.to_owned(), "kind" => kind)
                     .increment(1);
@@ -549,7 +579,22 @@ impl<S: Store> Enforcer<S> {
             .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
-        let outcome = match self.transact(&ops, &rules).await {
+        // The leases the transaction may take, released unless the store
+        // says whether it took them.
+        let mut pending = self.pending(
+            enforce
+                .iter()
+                .zip(&ops)
+                .map(|(h, op)| (h.limit(), h.key.as_str(), op)),
+        );
+        let result = self.transact(&ops, &rules).await;
+        if let Ok(out) = &result {
+            let taken = pending.disarm();
+            if out.allowed {
+                verdict.leases.extend(taken);
+            }
+        }
+        let outcome = match result {
             Ok(out) => out,
             Err(StoreError::Cost(e)) => {
                 let at = ops.iter().position(|op| op.validate(false).is_err());
@@ -584,13 +629,6 @@ impl<S: Store> Enforcer<S> {
                 in_flight: hit.limit().takes_leases(),
             });
         }
-        if outcome.allowed {
-            for (hit, op) in enforce.iter().zip(&ops) {
-                if let Some(held) = held(hit, op) {
-                    verdict.leases.push(held);
-                }
-            }
-        }
         verdict.allowed = outcome.allowed;
         verdict.deciding = outcome.deciding();
         verdict.retry_after = outcome.retry_after();
@@ -604,10 +642,12 @@ impl<S: Store> Enforcer<S> {
     /// the request's.
     async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
+        let mut pending = self.pending([(hit.limit(), hit.key.as_str(), &op)]);
         match self.transact(&[op], &[hit.rule]).await {
             Ok(out) => {
+                let taken = pending.disarm();
                 if out.allowed {
-                    leases.extend(held(hit, &op));
+                    leases.extend(taken);
                 }
                 out.allowed
             }
@@ -679,9 +719,11 @@ impl<S: Store> Enforcer<S> {
             if !shut.allowed {
                 decisions[i] = penalized(d, shut.retry_after.unwrap_or(0.0));
             } else if !d.allowed && mode.consume {
+                // Charged once however many denials land together, so that
+                // the penalty runs from the first.
                 match self
                     .store
-                    .settle(penalty.gate(), ops[i].key, Settle::Charge(1.0))
+                    .settle(penalty.gate(), ops[i].key, Settle::ChargeOnce(1.0))
                     .await
                 {
                     Ok(closed) => {
@@ -719,16 +761,6 @@ impl<S: Store> Enforcer<S> {
         }
         self.meters.errors.failed(e);
     }
-}
-
-/// The lease `op` took for `hit`, if it took one: a call of some slots on
-/// a concurrency limit.
-fn held(hit: &RuleHit<'_>, op: &Op<'_>) -> Option<Held> {
-    (op.limit.takes_leases() && op.cost > 0.0).then(|| Held {
-        limit: hit.limit().clone(),
-        key: hit.key.clone(),
-        lease: op.lease,
-    })
 }
 
 /// Whose operation one is: a rule's or a named limit's, with what decides

@@ -3,9 +3,7 @@
 
 use std::sync::Arc;
 
-use sluice_core::{Limit, Store};
-
-use crate::enforcer::Enforcer;
+use sluice_core::{Limit, Store, StoreError};
 
 /// One lease an admitted request or call took on a concurrency limit: what
 /// to release when its work ends.
@@ -27,34 +25,51 @@ impl PartialEq for Held {
     }
 }
 
-/// Gives leases back without knowing the store's type, so that [`Slots`]
-/// is one type whatever the enforcer's store.
-trait Release: Send + Sync {
-    fn release_all(self: Arc<Self>, leases: Vec<Held>);
-}
+/// Gives leases back in the background, whatever the store's type.
+pub(crate) type Releaser = Arc<dyn Fn(Vec<Held>) + Send + Sync>;
 
-impl<S: Store + 'static> Release for Enforcer<S> {
-    fn release_all(self: Arc<Self>, leases: Vec<Held>) {
-        // Dropped on a Tokio runtime, as every front end's requests are; on
-        // none, the leases expire on their own.
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                for held in &leases {
-                    // A failure is counted and logged by `release`; the
-                    // lease then expires on its own.
-                    let _ = self.release(held).await;
+/// The [`Releaser`] of `store`: a task on the Tokio runtime the leases are
+/// let go on that releases each in turn (on none, they expire on their
+/// own). A failed release is counted in `sluice_store_errors_total` and
+/// logged; the lease then expires on its own.
+pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>) -> Releaser {
+    Arc::new(move |leases: Vec<Held>| {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let store = Arc::clone(&store);
+        runtime.spawn(async move {
+            for held in &leases {
+                if let Err(e) = store.release(&held.limit, &held.key, held.lease).await {
+                    failed_release(&e, held);
                 }
-            });
-        }
-    }
+            }
+        });
+    })
 }
 
-/// The slots a request holds on concurrency limits while its work goes on:
-/// dropping this releases them, whether the work finished, failed, or was
-/// abandoned (a client that went away drops the request's future, and
-/// this with it). The release is a store call of its own, made on the Tokio
-/// runtime the drop happens on; until it lands the slots still count, so a
-/// limit is never exceeded by a request that has just ended.
+/// Counts and logs a release the store could not make.
+pub(crate) fn failed_release(e: &StoreError, held: &Held) {
+    let kind = match e {
+        StoreError::Timeout => "timeout",
+        _ => "unavailable",
+    };
+    metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => "open", "rule" => held.limit.name().to_owned())
+        .increment(1);
+    tracing::warn!(
+        limit = held.limit.name(),
+        error = %e,
+        "a lease could not be released; its slots come back when it expires"
+    );
+}
+
+/// Slots held on concurrency limits: dropping this releases them. It holds
+/// a request's slots while its work goes on, whether the work finished,
+/// failed, or was abandoned (a client that went away drops the request's
+/// future, and this with it). The release is a store call of its own, made
+/// on the Tokio runtime the drop happens on; until it lands the slots
+/// still count, so a limit is never exceeded by a request that has just
+/// ended.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -62,7 +77,7 @@ impl<S: Store + 'static> Release for Enforcer<S> {
 /// use sluice_engine::Enforcer;
 /// use sluice_policy::{Policy, RequestParts};
 /// let policy = Policy::from_str("rules: [{name: uploads, limit_keys: [ip:address], algorithm: concurrency, algorithm_config: {max: 1}}]", "p").unwrap();
-/// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
+/// let enforcer = Enforcer::new(policy, MemoryStore::new());
 /// let req = RequestParts::new("POST", "/upload").with_ip([192, 0, 2, 1].into());
 /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
 /// let policy = enforcer.policy();
@@ -79,7 +94,7 @@ impl<S: Store + 'static> Release for Enforcer<S> {
 #[must_use = "the slots are released as soon as this is dropped"]
 pub struct Slots {
     leases: Vec<Held>,
-    by: Option<Arc<dyn Release>>,
+    by: Option<Releaser>,
 }
 
 impl Slots {
@@ -91,9 +106,24 @@ impl Slots {
         }
     }
 
+    /// Holds `leases`, released by `by` when dropped.
+    pub(crate) fn new(leases: Vec<Held>, by: &Releaser) -> Slots {
+        Slots {
+            by: (!leases.is_empty()).then(|| Arc::clone(by)),
+            leases,
+        }
+    }
+
     /// The leases held.
     pub fn leases(&self) -> &[Held] {
         &self.leases
+    }
+
+    /// Lets go of the leases without releasing them: they are someone
+    /// else's to release now, or were never taken.
+    pub(crate) fn disarm(&mut self) -> Vec<Held> {
+        self.by = None;
+        std::mem::take(&mut self.leases)
     }
 }
 
@@ -107,30 +137,10 @@ impl std::fmt::Debug for Slots {
 
 impl Drop for Slots {
     fn drop(&mut self) {
-        if self.leases.is_empty() {
-            return;
-        }
-        if let Some(by) = self.by.take() {
-            by.release_all(std::mem::take(&mut self.leases));
-        }
-    }
-}
-
-impl<S: Store + 'static> Enforcer<S> {
-    /// Takes the leases `verdict` took (see [`Verdict::leases`]) into
-    /// [`Slots`] that release them when dropped: hold it for as long as the
-    /// request's work goes on.
-    ///
-    /// [`Verdict::leases`]: crate::Verdict::leases
-    pub fn hold(self: &Arc<Self>, verdict: &mut crate::Verdict) -> Slots {
-        let leases = std::mem::take(&mut verdict.leases);
-        if leases.is_empty() {
-            return Slots::none();
-        }
-        let by: Arc<dyn Release> = Arc::clone(self) as Arc<dyn Release>;
-        Slots {
-            leases,
-            by: Some(by),
+        if let Some(by) = self.by.take()
+            && !self.leases.is_empty()
+        {
+            by(std::mem::take(&mut self.leases));
         }
     }
 }

@@ -483,6 +483,13 @@ fn build(
         AlgorithmKind::Concurrency => concurrency(config)?,
     };
     let mut limit = Limit::new(name, algorithm);
+    if let (Some(s), Algorithm::Concurrency(_)) = (&c.shards, &algorithm) {
+        return Err(at(
+            s,
+            "a concurrency limit has no `shards`: its `max` slots are whole, and one key's \
+             calls in flight are few enough for one",
+        ));
+    }
     if let Some(s) = &c.shards {
         if s.value > MAX_SHARDS {
             return Err(at(

@@ -686,3 +686,21 @@ fn a_penalty_keeps_its_state_name_from_every_other_rule_and_limit() {
         "limit name `a:penalty` is already the name of a penalty state at line 2, column 3",
     );
 }
+
+#[test]
+fn concurrency_limits_take_whole_slots_and_no_rate() {
+    let limit = |config: &str| {
+        format!("limits:\n  jobs:\n    algorithm: concurrency\n    algorithm_config: {config}\n")
+    };
+    assert_err(&limit("{max: 4, shards: 2}"), 4, 40, "no `shards`");
+    assert_err(&limit("{max: 1.5}"), 4, 29, "whole number");
+    assert_err(&limit("{max: 2, rps: 3}"), 4, 37, "no `rps`");
+    assert_err(&limit("{lease: 1s}"), 4, 23, "needs `max`");
+    assert_err(&limit("{max: 2, lease: 0.5ms}"), 4, 39, "at least 1ms");
+    let text = "rules:\n  - name: r\n    domain: edge\n    limit_keys: []\n    \
+                algorithm: concurrency\n    algorithm_config: {max: 2}\n";
+    assert_err(text, 3, 13, "cannot answer Envoy");
+    let tokens =
+        "limits:\n  t:\n    algorithm: token_bucket\n    algorithm_config: {rps: 1, max: 2}\n";
+    assert_err(tokens, 4, 37, "belongs to a concurrency limit");
+}

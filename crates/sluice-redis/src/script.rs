@@ -73,7 +73,8 @@ pub(crate) struct TxnOp {
 #[derive(Debug)]
 pub(crate) struct Txn {
     /// Bit 0: consume; bit 1: reserve; bit 5: a forced charge; bit 6: a
-    /// refund; bit 7: a release (the script's `ctl`).
+    /// refund (both: a charge unless in debt); bit 7: a release (the
+    /// script's `ctl`).
     flags: u8,
     ops: SmallVec<[TxnOp; 1]>,
     unit: TimeUnit,
@@ -150,6 +151,7 @@ impl Txn {
             flags: match change {
                 Settle::Charge(_) => 1 | 32,
                 Settle::Refund(_) => 1 | 64,
+                Settle::ChargeOnce(_) => 1 | 96,
             },
             ops: SmallVec::with_capacity(limit.shards() as usize),
             unit,
@@ -288,7 +290,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
         Algorithm::Concurrency(c) => (5u8, [c.max(), (c.lease().0 / u) as f64, 0.0, 0.0]),
     };
     out.push(kind);
-    for x in p {
+    for x in p.into_iter().chain([alg.deepest_debt()]) {
         out.extend_from_slice(&x.to_le_bytes());
     }
 }
@@ -307,7 +309,7 @@ pub(crate) fn invocation<'a>(
     let mut index: HashMap<&str, u32> = HashMap::with_capacity(nops);
     let mut key_list: Vec<&str> = Vec::with_capacity(nops);
     let mut limits: SmallVec<[&Algorithm; 4]> = SmallVec::new();
-    let mut limit_blob: Vec<u8> = Vec::with_capacity(33 * 2);
+    let mut limit_blob: Vec<u8> = Vec::with_capacity(41 * 2);
     let mut op_blob: Vec<u8> = Vec::with_capacity(17 * nops);
     let mut extra_blob: Vec<u8> = Vec::new();
     let mut key_bytes = 0;

@@ -847,25 +847,30 @@ impl Store for RedisStore {
             self.forget_cached(limit, key);
         }
         let txn = Txn::settle(shared.config.prefix(), limit, key, change, shared.unit)?;
-        let (txn, reply) = self.remote(txn).await?;
+        let result = self.remote(txn).await;
+        if refund {
+            // Announced even when the call failed: a reply can miss its
+            // deadline after the script ran, and a needless announcement
+            // only costs the caches one bound each.
+            self.announce(limit, key).await;
+            // As after a reset: replies to requests sent meanwhile may
+            // describe the key before the refund.
+            self.forget_cached(limit, key);
+        }
+        let (txn, reply) = result?;
         bump(&shared.counters.remote);
         let parts = reply
             .ops
             .iter()
             .zip(txn.offsets())
             .map(|(seen, offset)| seen.state.decide(offset, reply.now, 0.0, false, 0.0));
-        let decision = Decision::settled(parts);
-        if refund {
-            self.announce(limit, key).await;
-            // As after a reset: replies to requests sent meanwhile may
-            // describe the key before the refund.
-            self.forget_cached(limit, key);
-        }
-        Ok(decision)
+        Ok(Decision::settled(parts))
     }
 
     async fn release(&self, limit: &Limit, key: &str, id: u64) -> Result<bool, StoreError> {
-        if !limit.takes_leases() {
+        // No call takes lease 0: a forgotten key brought back holds its
+        // slots under it, for no one to release.
+        if !limit.takes_leases() || id == 0 {
             return Ok(false);
         }
         let shared = &self.shared;

@@ -36,7 +36,7 @@ fn at(clock: &FakeClock, ns: u64) {
 }
 
 /// Every check, on `store` reading `clock`.
-async fn penalties_hold_exactly<S: Store>(store: S, clock: &FakeClock) {
+async fn penalties_hold_exactly<S: Store + 'static>(store: S, clock: &FakeClock) {
     let enforcer = Enforcer::new(Policy::from_str(POLICY, "policy.yaml").unwrap(), store);
     let policy = enforcer.policy();
     let login = policy.named_limit("login").unwrap();
@@ -93,6 +93,22 @@ async fn penalties_hold_exactly<S: Store>(store: S, clock: &FakeClock) {
     assert_eq!((v.allowed, v.retry_after), (false, Some(7.0)));
     at(clock, t1 + 10 * S);
     assert!(enforcer.enforce(&policy, &req).await.allowed);
+
+    // Denials that land together start one penalty, not one each.
+    at(clock, t1 + 40 * S);
+    for _ in 0..3 {
+        call("eve", Mode::CONSUME).await;
+    }
+    let (a, b, c) = tokio::join!(
+        call("eve", Mode::CONSUME),
+        call("eve", Mode::CONSUME),
+        call("eve", Mode::CONSUME)
+    );
+    for d in [a, b, c] {
+        assert_eq!((d.allowed, d.retry_after), (false, Some(10.0)), "{d:?}");
+    }
+    at(clock, t1 + 50 * S);
+    assert!(call("eve", Mode::CONSUME).await.allowed);
 
     // A reset lets a key off its penalty.
     at(clock, t1 + 20 * S);

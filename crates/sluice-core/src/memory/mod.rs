@@ -1004,6 +1004,11 @@ impl<C: Clock> MemoryStore<C> {
         let Algorithm::Concurrency(c) = *limit.shard_algorithm() else {
             return false;
         };
+        // No call takes lease 0: a forgotten key brought back holds its
+        // slots under it, for no one to release.
+        if id == 0 {
+            return false;
+        }
         let now = self.clock.now();
         // The lease is in the one shard that took it.
         self.with_key_slots(limit, key, now, |_, stripe, t, fp| {

@@ -23,7 +23,8 @@
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
 -- ops, extras, where the last three are packed little-endian records:
---   limit: kind (B), p1, p2, p3, p4 (d)
+--   limit: kind (B), p1, p2, p3, p4, p5 (d); p5 is the deepest a token
+--     bucket or fixed window may go below zero (Algorithm::deepest_debt)
 --     1 token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
 --     2 fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
 --     3 sliding window: rate, period in units, 0, 0
@@ -33,7 +34,8 @@
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
 --     16 the op has extras (else key b is key a and origin is 0), 32 a
---     forced charge of cost, 64 a refund of cost (see settle_op), 128 a
+--     forced charge of cost, 64 a refund of cost, 96 a forced charge
+--     unless the key is in debt already (see settle_op), 128 a
 --     release of the lease whose id is in origin (see release_op)
 --   extra, one per op with ctl bit 16, in op order: key b (I4, the second
 --     candidate key of a sharded limit), origin in units (d, fixed and
@@ -87,13 +89,13 @@ end
 local min_ttl = tonumber(ARGV[3])
 
 -- The limits, as parallel arrays.
-local kind, p1, p2, p3, p4 = {}, {}, {}, {}, {}
+local kind, p1, p2, p3, p4, p5 = {}, {}, {}, {}, {}, {}
 do
   local blob, pos, n = ARGV[4], 1, 0
   local len = #blob
   while pos <= len do
     n = n + 1
-    kind[n], p1[n], p2[n], p3[n], p4[n], pos = unpack_s('<Bdddd', blob, pos)
+    kind[n], p1[n], p2[n], p3[n], p4[n], p5[n], pos = unpack_s('<Bddddd', blob, pos)
   end
 end
 
@@ -664,23 +666,29 @@ end
 -- sliding::window_settle and Log::settle make them. Committed at once: a
 -- settlement is never refused, and a transaction of them names each key
 -- once. Appends what the key holds after it to the reply.
-local function settle_op(k, l, cost, origin, refund)
+local function settle_op(k, l, cost, origin, how)
+  local refund, once = how == 64, how == 96
   nout = nout + 1
   if kind[l] == 3 then
-    local _, _, _, _, ws, cur, prev = window_state(k, l, origin)
+    local _, _, _, _, ws, cur, prev, w = window_state(k, l, origin)
     if refund then
       local back = cost
       if back > cur then back = cur end
       cur = cur - back
       prev = prev - (cost - back)
       if prev < 0 then prev = 0 end
-    else
+    elseif not (once and w + cur > p1[l]) then
       cur = cur + cost
     end
     window_commit(k, l, ws, cur, prev)
     out[nout] = pack_s('<Bddd', 2, cur, ws, prev)
   elseif kind[l] == 4 then
-    if refund then log_refund(k, l, cost) else log_commit(k, l, cost) end
+    if refund then
+      log_refund(k, l, cost)
+    else
+      local _, used = log_read(k, l, 0, 0)
+      if not (once and p1[l] - used < 0) then log_commit(k, l, cost) end
+    end
     local at, used, newest, frees = log_read(k, l, 0, 0)
     out[nout] = pack_s('<Bdddd', newest and 6 or 2, at, used, newest or 0, frees)
   else
@@ -690,8 +698,12 @@ local function settle_op(k, l, cost, origin, refund)
     if refund then
       t = avail + cost
       if t > p3[l] then t = p3[l] end
+    elseif once and avail < 0 then
+      t = avail
     else
+      -- No deeper than a year of refill (p5): Algorithm::deepest_debt.
       t = avail - cost
+      if t < -p5[l] then t = -p5[l] end
     end
     commit(k, t, ts, l)
     out[nout] = pack_s('<Bdd', 2, t, ts)
@@ -786,7 +798,7 @@ for i = 0, nops - 1 do
     if release then
       release_op(a, l, origin)
     elseif settle > 0 then
-      settle_op(a, l, cost, origin, settle == 64)
+      settle_op(a, l, cost, origin, settle)
     elseif kind[l] >= 3 then
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
     else

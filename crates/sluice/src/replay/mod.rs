@@ -88,7 +88,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn replay<S: Store>(
+async fn replay<S: Store + 'static>(
     input: impl BufRead,
     out: &mut impl Write,
     replayer: &mut Replayer<S>,

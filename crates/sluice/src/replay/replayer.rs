@@ -53,7 +53,7 @@ fn secs(t: f64) -> anyhow::Result<Nanos> {
     Nanos::from_secs_f64(t).ok_or_else(|| anyhow::anyhow!("{t} s is out of range"))
 }
 
-impl<S: Store> Replayer<S> {
+impl<S: Store + 'static> Replayer<S> {
     /// A replay deciding with `enforcer`, whose store reads `clock`.
     pub(crate) fn with_enforcer(enforcer: Enforcer<S>, clock: FakeClock) -> Self {
         let policy = enforcer.policy();
@@ -180,8 +180,17 @@ impl<S: Store> Replayer<S> {
                             Hold::Expiry => {}
                             Hold::For(duration) => self.hold_for(held, *duration)?,
                             Hold::Named(lease) => {
-                                self.named
-                                    .insert((name.clone(), key.to_owned(), lease.clone()), held);
+                                let id = (name.clone(), key.to_owned(), lease.clone());
+                                if self.named.contains_key(&id) {
+                                    // Given back, so that the run can go on
+                                    // as the caller will fix it.
+                                    self.enforcer.release(&held).await?;
+                                    anyhow::bail!(
+                                        "lease {lease:?} of {name:?} for key {key:?} is held \
+                                         already: name each lease held at once apart"
+                                    );
+                                }
+                                self.named.insert(id, held);
                             }
                         }
                         Ok(d)

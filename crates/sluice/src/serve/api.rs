@@ -380,7 +380,11 @@ fn store_failed(e: &StoreError) -> Response {
     }
 }
 
-async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: bool) -> Response {
+async fn call<C: Clock + Send + Sync + 'static>(
+    state: &AppState<C>,
+    body: Body,
+    consume: bool,
+) -> Response {
     let bytes = match read_body(body).await {
         Ok(b) => b,
         Err(res) => return res,
@@ -466,11 +470,17 @@ async fn call<C: Clock + Send + Sync>(state: &AppState<C>, body: Body, consume: 
     }
 }
 
-async fn limit<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
+async fn limit<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
     call(&s, body, true).await
 }
 
-async fn check<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
+async fn check<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
     call(&s, body, false).await
 }
 
@@ -493,7 +503,10 @@ struct Refund {
 
 /// Gives `count` tokens back to a key of a policy's limit, or of an inline
 /// limit the server knows, never above its capacity.
-async fn refund<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>, body: Body) -> Response {
+async fn refund<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    body: Body,
+) -> Response {
     let r: Refund = match json(body).await {
         Ok(r) => r,
         Err(res) => return res,
@@ -537,7 +550,7 @@ struct Acquired {
 
 /// Takes `count` slots (1 by default) of a key of a concurrency limit under
 /// a new lease: 200 with the lease, or 429 when the key's slots are taken.
-async fn acquire<C: Clock + Send + Sync>(
+async fn acquire<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
     body: Body,
 ) -> Response {
@@ -593,7 +606,7 @@ struct Release {
 
 /// Gives a lease's slots back. Releasing a lease that is unknown, expired
 /// or released already is no error: the answer says it released nothing.
-async fn release<C: Clock + Send + Sync>(
+async fn release<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
     body: Body,
 ) -> Response {
@@ -643,7 +656,7 @@ struct KeyRef {
     key: String,
 }
 
-async fn reset<C: Clock + Send + Sync>(
+async fn reset<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
     headers: HeaderMap,
     body: Body,
@@ -677,7 +690,7 @@ async fn reset<C: Clock + Send + Sync>(
     }
 }
 
-async fn value<C: Clock + Send + Sync>(
+async fn value<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
     query: Result<Query<KeyRef>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
@@ -762,7 +775,7 @@ async fn decide<C: Clock + Send + Sync + 'static>(
     .with_client_behind(policy.trusted_proxies());
     let mut verdict = s.enforcer.enforce(&policy, &parts).await;
     // Nothing here learns when the request's work ends: slots it took on
-    // concurrency rules go back as soon as it is decided (use /v1/acquire
+    // concurrency rules are released right after it is decided (use /v1/acquire
     // and /v1/release, the middleware or the proxy to hold one).
     let _slots = s.enforcer.hold(&mut verdict);
     decided(&verdict)
@@ -801,10 +814,10 @@ fn decided(v: &Verdict) -> Response {
     (status, axum::Json(answer)).into_response()
 }
 
-async fn metrics<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
+async fn metrics<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<C>>>) -> Response {
     metrics_page(s.metrics.as_ref(), s.enforcer.store())
 }
 
-async fn readyz<C: Clock + Send + Sync>(State(s): State<Arc<AppState<C>>>) -> Response {
+async fn readyz<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<C>>>) -> Response {
     readiness(s.enforcer.store(), &s.reload_error)
 }

@@ -183,7 +183,7 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
 /// rule's own limit in force, rather than fail the call and so let Envoy
 /// admit every descriptor of it; it is counted in
 /// `sluice_rls_overrides_ignored_total`.
-fn overriding<S: Store>(
+fn overriding<S: Store + 'static>(
     enforcer: &Enforcer<S>,
     policy: &Policy,
     rule: &Rule,

@@ -166,7 +166,11 @@ impl Change<'_> {
     /// some unless it says so (`rules: []`): an editor that empties a file
     /// before writing it, or a copy cut short, would otherwise drop every
     /// limit at once.
-    pub(crate) fn apply<S: Store>(self, enforcer: &Enforcer<S>, error: &ArcSwapOption<String>) {
+    pub(crate) fn apply<S: Store + 'static>(
+        self,
+        enforcer: &Enforcer<S>,
+        error: &ArcSwapOption<String>,
+    ) {
         let Change {
             path,
             text,

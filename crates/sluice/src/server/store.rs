@@ -73,7 +73,7 @@ impl<C: Clock> AnyStore<C> {
     }
 }
 
-impl<C: Clock + Send + Sync> Store for AnyStore<C> {
+impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
     async fn transact(&self, ops: &[Op<'_>], mode: Mode) -> Result<Outcome, StoreError> {
         match self {
             AnyStore::Memory(m) => m.transact_now(ops, mode),
