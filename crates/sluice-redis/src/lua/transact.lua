@@ -447,119 +447,8 @@ local function log_commit(k, l, cost)
   wlim[k] = l
 end
 
--- Log::settle's refund: takes cost back from the newest entries first,
--- after dropping the entries that have left, and sums what is left afresh.
-local function log_refund(k, l, cost)
-  local e = log_of(k, l)
-  local at = read_at(e, 16)
-  local gone = expired(e, at - p2[l], 16)
-  if gone > 0 then e = string.sub(e, gone * 16 + 1) end
-  local cut, tail, left = #e / 16, '', cost
-  while left > 0 and cut > 0 do
-    local t, c = entry(e, cut)
-    if c <= left then
-      left = left - c
-    else
-      tail = pack_s('<dd', t, c - left)
-      left = 0
-    end
-    cut = cut - 1
-  end
-  e = string.sub(e, 1, cut * 16) .. tail
-  local sum, exact = 0, true
-  for i = 1, #e / 16 do
-    local _, c = entry(e, i)
-    local d, ok = add_exact(sum, c)
-    sum, exact = d, exact and ok
-  end
-  lent[k], lused[k] = e, sum
-  if exact then linex[k] = 0 else linex[k] = 1 end
-  wlim[k] = l
-end
-
--- Concurrency: lsent[k] is nil before the key is decoded, else its
--- leases (24 bytes each).
-local lsent = {}
-local function leases_of(k, l)
-  local e = lsent[k]
-  if e == nil then
-    local v = blob[k]
-    if v and #v >= 26 and (#v - 2) % 24 == 0 and string.byte(v, 1) == 5 then
-      e = string.sub(v, 3)
-    else
-      e = ''
-      local ends = (v or tok[k]) and ghost_end(k)
-      if ends then
-        -- Leases::emptiest: every slot, under a lease no id releases.
-        local t = ends - p2[l]
-        if t > now then t = now end
-        e = pack_s('<ddd', t, p1[l], 0)
-      end
-    end
-    lsent[k] = e
-  end
-  return e
-end
-
--- Lease i: taken at, slots, id.
-local function lease(e, i)
-  return unpack_s('<ddd', e, i * 24 - 23)
-end
-
--- Leases::read: the reading of key k for a call of cost after pending,
--- as at, used, newest (false if none), frees_at.
-local function lease_read(k, l, pending, cost)
-  local e = leases_of(k, l)
-  local at = read_at(e, 24)
-  local n = #e / 24
-  local live = expired(e, at - p2[l], 24)
-  local used = 0
-  for i = live + 1, n do
-    local _, c = lease(e, i)
-    used = used + c
-  end
-  local newest = false
-  if live < n then newest = lease(e, n) end
-  local left = used + pending
-  local frees = at
-  if not (left + cost <= p1[l]) then
-    for i = live + 1, n do
-      local t, c = lease(e, i)
-      left = left - c
-      if left + cost <= p1[l] then frees = t; break end
-    end
-  end
-  return at, used, newest, frees
-end
-
--- Leases::acquire and Leases::release: drop the expired leases, then take
--- cost slots under id, or give back lease id (returning whether it was
--- held).
-local function lease_live(k, l)
-  local e = leases_of(k, l)
-  local at = read_at(e, 24)
-  local gone = expired(e, at - p2[l], 24)
-  if gone > 0 then e = string.sub(e, gone * 24 + 1) end
-  wlim[k] = l
-  return e, at
-end
-local function lease_commit(k, l, cost, id)
-  local e, at = lease_live(k, l)
-  if cost > 0 then e = e .. pack_s('<ddd', at, cost, id) end
-  lsent[k] = e
-end
-local function lease_release(k, l, id)
-  local e = lease_live(k, l)
-  for i = 1, #e / 24 do
-    local _, _, got = lease(e, i)
-    if got == id then
-      lsent[k] = string.sub(e, 1, i * 24 - 24) .. string.sub(e, i * 24 + 1)
-      return true
-    end
-  end
-  lsent[k] = e
-  return false
-end
+-- Settling and concurrency: see use_rare, below.
+local use_rare
 
 -- Pending sliding writes of the transaction being decided (several ops
 -- only): window states by key (and the keys in the order first written),
@@ -618,7 +507,7 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
     return allowed
   end
   local read = log_read
-  if kind[l] == 5 then read = lease_read end
+  if kind[l] == 5 then read = use_rare().lease_read end
   local pa = plog and plog[a] or 0
   local at, used, newest, frees = read(a, l, pa, cost)
   if b ~= a then
@@ -635,7 +524,11 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
   if allowed then
     if single then
       if ctl % 2 == 1 then
-        if kind[l] == 5 then lease_commit(k, l, cost, origin) else log_commit(k, l, cost) end
+        if kind[l] == 5 then
+          use_rare().lease_commit(k, l, cost, origin)
+        else
+          log_commit(k, l, cost)
+        end
       end
     else
       plog[k] = pa + cost
@@ -661,65 +554,196 @@ local function flat_read(x, l, origin)
   if not tok[x] and blob[x] then flat_ghost(x, l, origin) end
   return tok[x], tsv[x], raw[x]
 end
--- A settling op on key k: a refund of cost (never above the capacity) or a
--- forced charge (without a floor), as sluice_core's algorithm::settle,
--- sliding::window_settle and Log::settle make them. Committed at once: a
--- settlement is never refused, and a transaction of them names each key
--- once. Appends what the key holds after it to the reply.
-local function settle_op(k, l, cost, origin, how)
-  local refund, once = how == 64, how == 96
-  nout = nout + 1
-  if kind[l] == 3 then
-    local _, _, _, _, ws, cur, prev, w = window_state(k, l, origin)
-    if refund then
-      local back = cost
-      if back > cur then back = cur end
-      cur = cur - back
-      prev = prev - (cost - back)
-      if prev < 0 then prev = 0 end
-    elseif not (once and w + cur > p1[l]) then
-      cur = cur + cost
+-- Settling and concurrency, made on the first op that needs them: most
+-- calls of the script need neither, and each function it defines costs
+-- every call.
+local rare
+use_rare = function()
+  if rare then return rare end
+  -- Log::settle's refund: takes cost back from the newest entries first,
+  -- after dropping the entries that have left, and sums what is left afresh.
+  local function log_refund(k, l, cost)
+    local e = log_of(k, l)
+    local at = read_at(e, 16)
+    local gone = expired(e, at - p2[l], 16)
+    if gone > 0 then e = string.sub(e, gone * 16 + 1) end
+    local cut, tail, left = #e / 16, '', cost
+    while left > 0 and cut > 0 do
+      local t, c = entry(e, cut)
+      if c <= left then
+        left = left - c
+      else
+        tail = pack_s('<dd', t, c - left)
+        left = 0
+      end
+      cut = cut - 1
     end
-    window_commit(k, l, ws, cur, prev)
-    out[nout] = pack_s('<Bddd', 2, cur, ws, prev)
-  elseif kind[l] == 4 then
-    if refund then
-      log_refund(k, l, cost)
-    else
-      local _, used = log_read(k, l, 0, 0)
-      if not (once and p1[l] - used < 0) then log_commit(k, l, cost) end
+    e = string.sub(e, 1, cut * 16) .. tail
+    local sum, exact = 0, true
+    for i = 1, #e / 16 do
+      local _, c = entry(e, i)
+      local d, ok = add_exact(sum, c)
+      sum, exact = d, exact and ok
     end
-    local at, used, newest, frees = log_read(k, l, 0, 0)
-    out[nout] = pack_s('<Bdddd', newest and 6 or 2, at, used, newest or 0, frees)
-  else
-    local st, sts = flat_read(k, l, origin)
-    local avail, ts = advance(l, st, sts, origin)
-    local t
-    if refund then
-      t = avail + cost
-      if t > p3[l] then t = p3[l] end
-    elseif once and avail < 0 then
-      t = avail
-    else
-      -- No deeper than a year of refill (p5): Algorithm::deepest_debt.
-      t = avail - cost
-      if t < -p5[l] then t = -p5[l] end
-    end
-    commit(k, t, ts, l)
-    out[nout] = pack_s('<Bdd', 2, t, ts)
+    lent[k], lused[k] = e, sum
+    if exact then linex[k] = 0 else linex[k] = 1 end
+    wlim[k] = l
   end
-end
 
--- A release of lease id on key k (a concurrency limit): committed at once,
--- it appends whether the lease was held and what the key holds after it.
-local function release_op(k, l, id)
-  local held = lease_release(k, l, id)
-  local at, used, newest, frees = lease_read(k, l, 0, 0)
-  local tag = 2
-  if newest then tag = tag + 4 end
-  if held then tag = tag + 8 end
-  nout = nout + 1
-  out[nout] = pack_s('<Bdddd', tag, at, used, newest or 0, frees)
+  -- Concurrency: lsent[k] is nil before the key is decoded, else its
+  -- leases (24 bytes each).
+  local lsent = {}
+  local function leases_of(k, l)
+    local e = lsent[k]
+    if e == nil then
+      local v = blob[k]
+      if v and #v >= 26 and (#v - 2) % 24 == 0 and string.byte(v, 1) == 5 then
+        e = string.sub(v, 3)
+      else
+        e = ''
+        local ends = (v or tok[k]) and ghost_end(k)
+        if ends then
+          -- Leases::emptiest: every slot, under a lease no id releases.
+          local t = ends - p2[l]
+          if t > now then t = now end
+          e = pack_s('<ddd', t, p1[l], 0)
+        end
+      end
+      lsent[k] = e
+    end
+    return e
+  end
+
+  -- Lease i: taken at, slots, id.
+  local function lease(e, i)
+    return unpack_s('<ddd', e, i * 24 - 23)
+  end
+
+  -- Leases::read: the reading of key k for a call of cost after pending,
+  -- as at, used, newest (false if none), frees_at.
+  local function lease_read(k, l, pending, cost)
+    local e = leases_of(k, l)
+    local at = read_at(e, 24)
+    local n = #e / 24
+    local live = expired(e, at - p2[l], 24)
+    local used = 0
+    for i = live + 1, n do
+      local _, c = lease(e, i)
+      used = used + c
+    end
+    local newest = false
+    if live < n then newest = lease(e, n) end
+    local left = used + pending
+    local frees = at
+    if not (left + cost <= p1[l]) then
+      for i = live + 1, n do
+        local t, c = lease(e, i)
+        left = left - c
+        if left + cost <= p1[l] then frees = t; break end
+      end
+    end
+    return at, used, newest, frees
+  end
+
+  -- Leases::acquire and Leases::release: drop the expired leases, then take
+  -- cost slots under id, or give back lease id (returning whether it was
+  -- held).
+  local function lease_live(k, l)
+    local e = leases_of(k, l)
+    local at = read_at(e, 24)
+    local gone = expired(e, at - p2[l], 24)
+    if gone > 0 then e = string.sub(e, gone * 24 + 1) end
+    wlim[k] = l
+    return e, at
+  end
+  local function lease_commit(k, l, cost, id)
+    local e, at = lease_live(k, l)
+    if cost > 0 then e = e .. pack_s('<ddd', at, cost, id) end
+    lsent[k] = e
+  end
+  local function lease_release(k, l, id)
+    local e = lease_live(k, l)
+    for i = 1, #e / 24 do
+      local _, _, got = lease(e, i)
+      if got == id then
+        lsent[k] = string.sub(e, 1, i * 24 - 24) .. string.sub(e, i * 24 + 1)
+        return true
+      end
+    end
+    lsent[k] = e
+    return false
+  end
+
+  -- A settling op on key k: a refund of cost (never above the capacity) or a
+  -- forced charge (without a floor), as sluice_core's algorithm::settle,
+  -- sliding::window_settle and Log::settle make them. Committed at once: a
+  -- settlement is never refused, and a transaction of them names each key
+  -- once. Appends what the key holds after it to the reply.
+  local function settle_op(k, l, cost, origin, how)
+    local refund, once = how == 64, how == 96
+    nout = nout + 1
+    if kind[l] == 3 then
+      local _, _, _, _, ws, cur, prev, w = window_state(k, l, origin)
+      if refund then
+        local back = cost
+        if back > cur then back = cur end
+        cur = cur - back
+        prev = prev - (cost - back)
+        if prev < 0 then prev = 0 end
+      elseif not (once and w + cur > p1[l]) then
+        cur = cur + cost
+      end
+      window_commit(k, l, ws, cur, prev)
+      out[nout] = pack_s('<Bddd', 2, cur, ws, prev)
+    elseif kind[l] == 4 then
+      if refund then
+        log_refund(k, l, cost)
+      else
+        local _, used = log_read(k, l, 0, 0)
+        if not (once and p1[l] - used < 0) then log_commit(k, l, cost) end
+      end
+      local at, used, newest, frees = log_read(k, l, 0, 0)
+      out[nout] = pack_s('<Bdddd', newest and 6 or 2, at, used, newest or 0, frees)
+    else
+      local st, sts = flat_read(k, l, origin)
+      local avail, ts = advance(l, st, sts, origin)
+      local t
+      if refund then
+        t = avail + cost
+        if t > p3[l] then t = p3[l] end
+      elseif once and avail < 0 then
+        t = avail
+      else
+        -- No deeper than a year of refill (p5): Algorithm::deepest_debt.
+        t = avail - cost
+        if t < -p5[l] then t = -p5[l] end
+      end
+      commit(k, t, ts, l)
+      out[nout] = pack_s('<Bdd', 2, t, ts)
+    end
+  end
+
+  -- A release of lease id on key k (a concurrency limit): committed at once,
+  -- it appends whether the lease was held and what the key holds after it.
+  local function release_op(k, l, id)
+    local held = lease_release(k, l, id)
+    local at, used, newest, frees = lease_read(k, l, 0, 0)
+    local tag = 2
+    if newest then tag = tag + 4 end
+    if held then tag = tag + 8 end
+    nout = nout + 1
+    out[nout] = pack_s('<Bdddd', tag, at, used, newest or 0, frees)
+  end
+
+  rare = {
+    lsent = lsent,
+    lease = lease,
+    lease_read = lease_read,
+    lease_commit = lease_commit,
+    settle_op = settle_op,
+    release_op = release_op,
+  }
+  return rare
 end
 
 local nx = 0
@@ -796,9 +820,9 @@ for i = 0, nops - 1 do
     end
 
     if release then
-      release_op(a, l, origin)
+      use_rare().release_op(a, l, origin)
     elseif settle > 0 then
-      settle_op(a, l, cost, origin, settle)
+      use_rare().settle_op(a, l, cost, origin, settle)
     elseif kind[l] >= 3 then
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
     else
@@ -860,7 +884,7 @@ for i = 0, nops - 1 do
         for j = 1, nplist do
           local c = plist[j]
           if kind[c[2]] == 5 then
-            lease_commit(c[1], c[2], c[3], c[4])
+            use_rare().lease_commit(c[1], c[2], c[3], c[4])
           else
             log_commit(c[1], c[2], c[3])
           end
@@ -907,10 +931,10 @@ for k = 1, nkeys do
         empty_at = wws[k] + n * p2[l]
       end
     elseif kind[l] == 5 then
-      local e = lsent[k]
+      local e = rare.lsent[k]
       if #e > 0 then
         value = '\5\5' .. e
-        empty_at = lease(e, #e / 24) + p2[l]
+        empty_at = rare.lease(e, #e / 24) + p2[l]
       end
     elseif #lent[k] > 0 then
       value = pack_s('<dB', lused[k], linex[k]) .. lent[k]
