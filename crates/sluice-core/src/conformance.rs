@@ -677,6 +677,9 @@ pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
     );
     settle(store, &fw, "k", Settle::Charge(12.0)).await;
     assert_eq!(store.value(&fw, "k").await.unwrap().tokens, -2.0);
+    // No deeper than a year of windows: 10 for each of 525,600 minutes.
+    settle(store, &fw, "k", Settle::Charge(1e10)).await;
+    assert_eq!(store.value(&fw, "k").await.unwrap().tokens, -5_256_000.0);
     // A sharded limit spreads a settlement over its shards.
     let sharded = Limit::new("conf-settle-shards", tb(1.0, 8.0))
         .with_shards(4)

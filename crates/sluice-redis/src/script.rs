@@ -290,7 +290,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
         Algorithm::Concurrency(c) => (5u8, [c.max(), (c.lease().0 / u) as f64, 0.0, 0.0]),
     };
     out.push(kind);
-    for x in p.into_iter().chain([alg.deepest_debt()]) {
+    for x in p {
         out.extend_from_slice(&x.to_le_bytes());
     }
 }
@@ -309,7 +309,7 @@ pub(crate) fn invocation<'a>(
     let mut index: HashMap<&str, u32> = HashMap::with_capacity(nops);
     let mut key_list: Vec<&str> = Vec::with_capacity(nops);
     let mut limits: SmallVec<[&Algorithm; 4]> = SmallVec::new();
-    let mut limit_blob: Vec<u8> = Vec::with_capacity(41 * 2);
+    let mut limit_blob: Vec<u8> = Vec::with_capacity(33 * 2);
     let mut op_blob: Vec<u8> = Vec::with_capacity(17 * nops);
     let mut extra_blob: Vec<u8> = Vec::new();
     let mut key_bytes = 0;

@@ -23,8 +23,7 @@
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
 -- ops, extras, where the last three are packed little-endian records:
---   limit: kind (B), p1, p2, p3, p4, p5 (d); p5 is the deepest a token
---     bucket or fixed window may go below zero (Algorithm::deepest_debt)
+--   limit: kind (B), p1, p2, p3, p4 (d)
 --     1 token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
 --     2 fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
 --     3 sliding window: rate, period in units, 0, 0
@@ -89,13 +88,13 @@ end
 local min_ttl = tonumber(ARGV[3])
 
 -- The limits, as parallel arrays.
-local kind, p1, p2, p3, p4, p5 = {}, {}, {}, {}, {}, {}
+local kind, p1, p2, p3, p4 = {}, {}, {}, {}, {}
 do
   local blob, pos, n = ARGV[4], 1, 0
   local len = #blob
   while pos <= len do
     n = n + 1
-    kind[n], p1[n], p2[n], p3[n], p4[n], p5[n], pos = unpack_s('<Bddddd', blob, pos)
+    kind[n], p1[n], p2[n], p3[n], p4[n], pos = unpack_s('<Bdddd', blob, pos)
   end
 end
 
@@ -714,9 +713,18 @@ use_rare = function()
       elseif once and avail < 0 then
         t = avail
       else
-        -- No deeper than a year of refill (p5): Algorithm::deepest_debt.
+        -- No deeper than a year of refill: Algorithm::deepest_debt, with
+        -- the same operations in the same order. A year in nanoseconds is
+        -- a multiple of 4, so a double holds it exactly.
+        local deepest
+        if kind[l] == 1 then
+          deepest = 31536000000000000 * p1[l] / p2[l]
+        else
+          deepest = p1[l] * idiv(31536000000000000 / unit, p2[l])
+        end
+        if deepest > 9007199254740992 then deepest = 9007199254740992 end
         t = avail - cost
-        if t < -p5[l] then t = -p5[l] end
+        if t < -deepest then t = -deepest end
       end
       commit(k, t, ts, l)
       out[nout] = pack_s('<Bdd', 2, t, ts)
