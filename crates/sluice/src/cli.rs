@@ -7,6 +7,7 @@ use crate::bench::BenchArgs;
 use crate::proxy::ProxyArgs;
 use crate::replay::ReplayArgs;
 use crate::serve::ServeArgs;
+use crate::simulate::SimulateArgs;
 use crate::validate::ValidateArgs;
 
 /// Sluice: exact rate limiting, as a library, a middleware and a server.
@@ -32,6 +33,10 @@ pub(crate) enum Command {
     /// Run recorded events through a policy in virtual time, printing one
     /// decision (JSON) per event.
     Replay(ReplayArgs),
+    /// Run a scenario (double-window, burst-then-steady, many-clients,
+    /// thundering-herd, or one from a file) through every algorithm at one
+    /// limit, and write report.html, its charts (SVG) and summary.json.
+    Simulate(SimulateArgs),
 }
 
 #[cfg(test)]

@@ -15,6 +15,7 @@ pub mod proxy;
 mod replay;
 pub mod serve;
 mod server;
+mod simulate;
 mod validate;
 
 /// Runs one command line.
@@ -22,6 +23,7 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {
         cli::Command::Validate(args) => validate::run(&args),
         cli::Command::Replay(args) => replay::run(&args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Simulate(args) => simulate::run(&args).map(|()| ExitCode::SUCCESS),
         cli::Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Proxy(args) => proxy::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),

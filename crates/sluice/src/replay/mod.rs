@@ -10,6 +10,9 @@ mod line;
 mod replayer;
 mod summary;
 
+pub(crate) use event::{Call, Hold};
+pub(crate) use replayer::Replayer;
+
 use std::fs::File;
 use std::io::{BufRead, BufReader, BufWriter, Write};
 use std::path::PathBuf;
@@ -22,7 +25,6 @@ use sluice_policy::Policy;
 use crate::flags::PolicyFile;
 use event::Event;
 use line::Line;
-use replayer::Replayer;
 use sluice_core::Store;
 
 /// Arguments of `sluice replay`.

@@ -1,0 +1,245 @@
+//! `sluice simulate`: a scenario of calls run through each algorithm at
+//! the same limit, in virtual time, on the engine `sluice replay` decides
+//! with, and what each did, as numbers (`summary.json`), charts (SVG) and
+//! one self-contained page (`report.html`).
+
+mod chart;
+mod report;
+mod run;
+mod scenario;
+
+use std::path::PathBuf;
+
+use anyhow::Context;
+use clap::Args;
+use serde::Serialize;
+
+use chart::Series;
+use run::{ALGORITHMS, Run, Seen, Totals};
+use scenario::Scenario;
+
+/// `sluice simulate`.
+#[derive(Debug, Args)]
+pub(crate) struct SimulateArgs {
+    /// A built-in scenario: double-window, burst-then-steady, many-clients
+    /// or thundering-herd. Not with --file.
+    #[arg(required_unless_present = "file", conflicts_with = "file")]
+    pub(crate) scenario: Option<String>,
+    /// A scenario of one's own, as JSON: {"name", "rate", "period",
+    /// "waves": [{"at", "count", "over", "key"}], "retries"}.
+    #[arg(long, env = "SLUICE_SCENARIO")]
+    pub(crate) file: Option<PathBuf>,
+    /// Where the report, the charts and summary.json go (made if missing).
+    #[arg(long, short, env = "SLUICE_OUT")]
+    pub(crate) out: PathBuf,
+}
+
+/// What `summary.json` holds.
+#[derive(Debug, Serialize)]
+struct Summary<'a> {
+    scenario: &'a str,
+    description: &'a str,
+    rate: f64,
+    period: f64,
+    /// Each algorithm's totals; denied clients retry with Sluice's jitter.
+    algorithms: Vec<Totals>,
+    /// The same without jitter, for a scenario whose clients retry.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    without_jitter: Vec<Totals>,
+}
+
+pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
+    let scenario = match (&args.scenario, &args.file) {
+        (_, Some(file)) => Scenario::from_file(file)?,
+        (Some(name), None) => Scenario::built_in(name)?,
+        (None, None) => anyhow::bail!("name a scenario, or give --file"),
+    };
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("{}: cannot make the directory", args.out.display()))?;
+    // The in-memory store answers at once, so one thread runs the engine.
+    let runtime = tokio::runtime::Builder::new_current_thread().build()?;
+    let (with, without) = runtime.block_on(async {
+        let mut with = Vec::new();
+        let mut without = Vec::new();
+        for alg in ALGORITHMS {
+            with.push(run::run(alg, &scenario, true).await?);
+            if scenario.retries > 0 {
+                without.push(run::run(alg, &scenario, false).await?);
+            }
+        }
+        anyhow::Ok((with, without))
+    })?;
+    let summary = Summary {
+        scenario: &scenario.name,
+        description: &scenario.description,
+        rate: scenario.rate,
+        period: scenario.period,
+        algorithms: with.iter().map(|r| r.totals.clone()).collect(),
+        without_jitter: without.iter().map(|r| r.totals.clone()).collect(),
+    };
+    let json = serde_json::to_vec_pretty(&summary)?;
+    let summary_path = args.out.join("summary.json");
+    std::fs::write(&summary_path, json)
+        .with_context(|| format!("{}: cannot write", summary_path.display()))?;
+    let charts = charts(&args.out, &scenario, &with, &without)?;
+    report::write(
+        &args.out.join("report.html"),
+        &scenario,
+        &summary.algorithms,
+        &summary.without_jitter,
+        &charts,
+    )?;
+    eprintln!(
+        "{}: report.html, summary.json and {} charts in {}",
+        scenario.name,
+        charts.len(),
+        args.out.display()
+    );
+    Ok(())
+}
+
+/// The width of a chart's time bins: about a hundred across the run.
+fn bin_width(calls: &[Seen], period: f64) -> f64 {
+    let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
+    let raw = (end / 100.0).max(period / 100.0).max(0.001);
+    // A round number of seconds, or of milliseconds below one.
+    if raw >= 1.0 {
+        raw.ceil()
+    } else {
+        (raw * 1000.0).ceil() / 1000.0
+    }
+}
+
+/// Counts per bin of the calls `keep` picks, as points at each bin's start.
+fn per_bin(calls: &[Seen], width: f64, keep: impl Fn(&Seen) -> bool) -> Vec<(f64, f64)> {
+    let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
+    let bins = (end / width).floor() as usize + 1;
+    let mut counts = vec![0.0; bins];
+    for c in calls.iter().filter(|c| keep(c)) {
+        let i = ((c.t / width).floor() as usize).min(bins - 1);
+        counts[i] += 1.0;
+    }
+    counts
+        .into_iter()
+        .enumerate()
+        .map(|(i, n)| (i as f64 * width, n))
+        .collect()
+}
+
+/// Draws every chart; returns their file names, each with its caption.
+fn charts(
+    dir: &std::path::Path,
+    s: &Scenario,
+    with: &[Run],
+    without: &[Run],
+) -> anyhow::Result<Vec<(String, String)>> {
+    let mut drawn = Vec::new();
+    let width = with.first().map_or(1.0, |r| bin_width(&r.calls, s.period));
+    let admitted: Vec<Series> = with
+        .iter()
+        .map(|r| Series {
+            name: r.totals.algorithm.to_owned(),
+            points: per_bin(&r.calls, width, |c| c.allowed),
+        })
+        .collect();
+    let caption = format!(
+        "Calls admitted every {width} s, by algorithm, at {} per {} s",
+        s.rate, s.period
+    );
+    chart::lines(
+        &dir.join("admitted.svg"),
+        "Admitted calls over time",
+        ("seconds", "admitted"),
+        &admitted,
+    )?;
+    drawn.push(("admitted.svg".to_owned(), caption));
+
+    let remaining: Vec<Series> = with
+        .iter()
+        .map(|r| Series {
+            name: r.totals.algorithm.to_owned(),
+            points: r
+                .calls
+                .iter()
+                .filter(|c| c.key == 0)
+                .filter_map(|c| Some((c.t, c.remaining? as f64)))
+                .collect(),
+        })
+        .collect();
+    chart::lines(
+        &dir.join("remaining.svg"),
+        "What the first key has left",
+        ("seconds", "remaining"),
+        &remaining,
+    )?;
+    drawn.push((
+        "remaining.svg".to_owned(),
+        "Tokens (or room in the window) the first key has left after each of its calls".to_owned(),
+    ));
+
+    let retry: Vec<Series> = with
+        .iter()
+        .map(|r| Series {
+            name: r.totals.algorithm.to_owned(),
+            points: histogram(
+                r.calls
+                    .iter()
+                    .filter_map(|c| c.retry_after.filter(|_| !c.allowed)),
+            ),
+        })
+        .collect();
+    chart::lines(
+        &dir.join("retry_after.svg"),
+        "How long denied calls were told to wait",
+        ("retry_after (s)", "denials"),
+        &retry,
+    )?;
+    drawn.push((
+        "retry_after.svg".to_owned(),
+        "Denials by the exact retry_after they were told, in twenty bins".to_owned(),
+    ));
+
+    if let (Some(w), Some(wo)) = (with.first(), without.first()) {
+        let width = bin_width(&w.calls, 1.0).min(1.0);
+        let herd = [
+            Series {
+                name: "with jitter".to_owned(),
+                points: per_bin(&w.calls, width, |c| c.attempt > 0),
+            },
+            Series {
+                name: "without jitter".to_owned(),
+                points: per_bin(&wo.calls, width, |c| c.attempt > 0),
+            },
+        ];
+        chart::lines(
+            &dir.join("herd.svg"),
+            "Retries over time",
+            ("seconds", "retries"),
+            &herd,
+        )?;
+        drawn.push((
+            "herd.svg".to_owned(),
+            format!(
+                "Retries every {width} s under the {}, with Sluice's per-client Retry-After jitter and without it",
+                w.totals.algorithm
+            ),
+        ));
+    }
+    Ok(drawn)
+}
+
+/// Twenty equal bins from 0 to the largest value, as (bin start, count).
+fn histogram(values: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
+    let values: Vec<f64> = values.collect();
+    let most = values.iter().copied().fold(0.0, f64::max).max(1e-9);
+    let width = most / 20.0;
+    let mut counts = [0.0; 21];
+    for v in values {
+        counts[((v / width).floor() as usize).min(20)] += 1.0;
+    }
+    counts
+        .iter()
+        .enumerate()
+        .map(|(i, &n)| (i as f64 * width, n))
+        .collect()
+}

@@ -1,0 +1,176 @@
+//! `sluice simulate` as a user runs it: the real binary writes a report, its
+//! charts and a summary whose numbers show what each algorithm does with
+//! the scenario.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+fn simulate(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .arg("simulate")
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn summary(dir: &Path) -> Value {
+    serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
+}
+
+fn totals<'a>(rows: &'a Value, algorithm: &str) -> &'a Value {
+    rows.as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["algorithm"] == algorithm)
+        .unwrap_or_else(|| panic!("no {algorithm} in {rows}"))
+}
+
+#[test]
+fn the_double_window_attack_gets_twice_the_limit_through_a_fixed_window_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let run = simulate(&["double-window", "--out", out.to_str().unwrap()]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let s = summary(&out);
+    assert_eq!(
+        (s["rate"].as_f64(), s["period"].as_f64()),
+        (Some(1000.0), Some(60.0))
+    );
+    let rows = &s["algorithms"];
+    let peak = |a: &str| totals(rows, a)["peak"].as_f64().unwrap();
+    let bound = |a: &str| {
+        let t = totals(rows, a);
+        t["limit"].as_f64().unwrap() + t["burst"].as_f64().unwrap()
+    };
+    // 1000 just before the boundary and 1000 just after, all admitted.
+    assert_eq!(peak("fixed_window"), 2000.0);
+    assert_eq!(totals(rows, "fixed_window")["denied"], 0);
+    // The sliding log is exact; the others stay within what they promise.
+    assert_eq!(peak("sliding_log"), 1000.0);
+    for a in ["token_bucket", "sliding_window", "sliding_log"] {
+        assert!(peak(a) <= bound(a), "{a}: {} above {}", peak(a), bound(a));
+        assert!(peak(a) < 1.1 * 1000.0, "{a} let {} through", peak(a));
+    }
+    for file in ["admitted.svg", "remaining.svg", "retry_after.svg"] {
+        let svg = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("polyline"),
+            "{file}"
+        );
+        for a in [
+            "token_bucket",
+            "fixed_window",
+            "sliding_window",
+            "sliding_log",
+        ] {
+            assert!(svg.contains(a), "{file} has no line for {a}");
+        }
+    }
+    // One file, nothing to fetch: every chart inline, no script, no link.
+    let html = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert_eq!(html.matches("<svg").count(), 3);
+    for outside in ["<script", "<link", "src=", "url(", "https://"] {
+        assert!(
+            !html.contains(outside),
+            "the report refers outside itself: {outside}"
+        );
+    }
+    assert!(html.contains("double-window") && html.contains("fixed_window"));
+}
+
+#[test]
+fn jitter_spreads_a_thundering_herd_of_retries() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = simulate(&["thundering-herd", "--out", dir.path().to_str().unwrap()]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let s = summary(dir.path());
+    for a in [
+        "token_bucket",
+        "fixed_window",
+        "sliding_window",
+        "sliding_log",
+    ] {
+        let busiest = |rows: &Value| {
+            totals(rows, a)["retries_in_busiest_second"]
+                .as_u64()
+                .unwrap()
+        };
+        let (with, without) = (busiest(&s["algorithms"]), busiest(&s["without_jitter"]));
+        // Without jitter every client is told the same wait, and all 200
+        // come back in one second.
+        assert_eq!(without, 200, "{a}");
+        assert!(
+            with * 4 <= without,
+            "{a}: {with} with jitter against {without}"
+        );
+    }
+    assert!(dir.path().join("herd.svg").exists());
+}
+
+#[test]
+fn a_scenario_can_come_from_a_file_and_a_bad_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("scenario.json");
+    std::fs::write(
+        &file,
+        r#"{"name": "mine", "rate": 10, "period": 1,
+            "waves": [{"at": 0, "count": 24, "over": 3, "key": "a"}]}"#,
+    )
+    .unwrap();
+    let out = dir.path().join("out");
+    let run = simulate(&[
+        "--file",
+        file.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert_eq!(summary(&out)["scenario"], "mine");
+    // 10 a second, asked for at 8 a second: all admitted by each.
+    for row in summary(&out)["algorithms"].as_array().unwrap() {
+        assert_eq!(row["denied"], 0, "{row}");
+    }
+
+    for (text, says) in [
+        (
+            r#"{"name": "x", "rate": 10, "period": 1, "waves": [{"at": 0, "count": 4000000}]}"#,
+            "at most",
+        ),
+        (
+            r#"{"name": "x", "rate": -1, "period": 1, "waves": []}"#,
+            "rate",
+        ),
+        (
+            r#"{"name": "x", "rate": 1, "period": 1, "waves": [], "extra": 1}"#,
+            "not a scenario",
+        ),
+    ] {
+        std::fs::write(&file, text).unwrap();
+        let run = simulate(&[
+            "--file",
+            file.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ]);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success() && err.contains(says), "{text}: {err}");
+    }
+    let run = simulate(&["no-such-scenario", "--out", out.to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&run.stderr).contains("double-window"));
+}
