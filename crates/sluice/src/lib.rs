@@ -5,9 +5,11 @@
 use std::process::ExitCode;
 
 mod bench;
+mod chart;
 pub mod cli;
 mod duration;
 mod flags;
+mod html;
 pub mod listen;
 mod numbers;
 pub mod openapi;

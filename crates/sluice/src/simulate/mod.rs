@@ -3,7 +3,6 @@
 //! with, and what each did, as numbers (`summary.json`), charts (SVG) and
 //! one self-contained page (`report.html`).
 
-mod chart;
 mod report;
 mod run;
 mod scenario;
@@ -14,7 +13,7 @@ use anyhow::Context;
 use clap::Args;
 use serde::Serialize;
 
-use chart::Series;
+use crate::chart::{self, Series};
 use run::{ALGORITHMS, Run, Seen, Totals};
 use scenario::Scenario;
 

@@ -1,5 +1,4 @@
-//! `report.html`: one page holding the summary and every chart inline, so
-//! that it opens anywhere, with no network and no other file.
+//! `report.html` of a simulation: the summary and every chart on one page.
 
 use std::fmt::Write as _;
 use std::path::Path;
@@ -8,22 +7,7 @@ use anyhow::Context;
 
 use super::run::Totals;
 use super::scenario::Scenario;
-
-/// `text` with the characters HTML gives a meaning escaped.
-fn escape(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    for c in text.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use crate::html::{escape, figures, page};
 
 fn table(out: &mut String, caption: &str, rows: &[Totals]) {
     let _ = write!(
@@ -49,7 +33,8 @@ fn table(out: &mut String, caption: &str, rows: &[Totals]) {
 }
 
 /// Writes the report of `s` to `path`: the totals with and (when clients
-/// retry) without jitter, and the charts of `dir`, by file name and caption.
+/// retry) without jitter, and the charts beside it, by file name and
+/// caption.
 pub(crate) fn write(
     path: &Path,
     s: &Scenario,
@@ -61,13 +46,7 @@ pub(crate) fn write(
     let mut out = String::with_capacity(1 << 16);
     let _ = write!(
         out,
-        "<!doctype html><html lang=\"en\"><head><meta charset=\"utf-8\">\
-         <title>Sluice simulation: {name}</title><style>\
-         body{{font-family:sans-serif;max-width:60rem;margin:2rem auto;padding:0 1rem;color:#222}}\
-         table{{border-collapse:collapse;margin:1rem 0}}td,th{{border:1px solid #ccc;padding:.3rem .6rem;text-align:right}}\
-         td:first-child,th:first-child{{text-align:left}}tr.over td{{background:#fde0dc}}\
-         figure{{margin:2rem 0}}figcaption{{color:#555}}</style></head><body>\
-         <h1>Simulation: {name}</h1><p>{description}</p>\
+        "<h1>Simulation: {name}</h1><p>{description}</p>\
          <p>Every algorithm was given the same limit: <strong>{rate} calls per {period} s</strong>, \
          decided by the engine <code>sluice replay</code> runs, in virtual time. \
          <em>Peak</em> is the most calls of one key admitted within any span of one period. \
@@ -89,16 +68,8 @@ pub(crate) fn write(
     if !without.is_empty() {
         table(&mut out, "The same, without jitter", without);
     }
-    for (file, caption) in charts {
-        let svg = std::fs::read_to_string(dir.join(file))
-            .with_context(|| format!("{file}: cannot read the chart"))?;
-        let _ = write!(
-            out,
-            "<figure id=\"{id}\">{svg}<figcaption>{caption}</figcaption></figure>",
-            id = escape(file.trim_end_matches(".svg")),
-            caption = escape(caption)
-        );
-    }
-    out.push_str("</body></html>\n");
-    std::fs::write(path, out).with_context(|| format!("{}: cannot write", path.display()))
+    figures(&mut out, dir, charts)?;
+    let title = format!("Sluice simulation: {}", s.name);
+    std::fs::write(path, page(&title, &out))
+        .with_context(|| format!("{}: cannot write", path.display()))
 }

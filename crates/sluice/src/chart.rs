@@ -1,4 +1,5 @@
-//! The report's charts, as SVG files drawn with plotters.
+//! Charts for the reports of `simulate` and `replay --report`, as SVG
+//! files drawn with plotters.
 
 use std::path::Path;
 
