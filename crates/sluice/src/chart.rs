@@ -1,9 +1,6 @@
 //! Charts for the reports of `simulate` and `replay --report`, as SVG
 //! files drawn with plotters.
 
-use std::path::Path;
-
-use anyhow::Context;
 use plotters::prelude::*;
 
 /// One line of a chart: its name and its points.
@@ -20,20 +17,20 @@ const COLOURS: [RGBColor; 4] = [
     RGBColor(148, 103, 189),
 ];
 
-/// Draws `series` as lines on one chart and writes it to `path`.
+/// Draws `series` as lines on one chart: an SVG document.
 pub(crate) fn lines(
-    path: &Path,
     title: &str,
     (x_label, y_label): (&str, &str),
     series: &[Series],
-) -> anyhow::Result<()> {
-    draw(path, title, (x_label, y_label), series)
-        .map_err(|e| anyhow::anyhow!("{e}"))
-        .with_context(|| format!("{}: cannot draw the chart", path.display()))
+) -> anyhow::Result<String> {
+    let mut svg = String::new();
+    draw(&mut svg, title, (x_label, y_label), series)
+        .map_err(|e| anyhow::anyhow!("cannot draw the chart {title:?}: {e}"))?;
+    Ok(svg)
 }
 
 fn draw(
-    path: &Path,
+    svg: &mut String,
     title: &str,
     (x_label, y_label): (&str, &str),
     series: &[Series],
@@ -45,7 +42,7 @@ fn draw(
         y_max = y_max.max(y);
         y_min = y_min.min(y);
     }
-    let root = SVGBackend::new(path, (720, 400)).into_drawing_area();
+    let root = SVGBackend::with_string(svg, (720, 400)).into_drawing_area();
     root.fill(&WHITE)?;
     let mut chart = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 20))

@@ -3,9 +3,6 @@
 //! they open anywhere without a network.
 
 use std::fmt::Write as _;
-use std::path::Path;
-
-use anyhow::Context;
 
 /// `text` with the characters HTML gives a meaning escaped.
 pub(crate) fn escape(text: &str) -> String {
@@ -36,23 +33,24 @@ pub(crate) fn page(title: &str, body: &str) -> String {
     )
 }
 
-/// Appends each chart of `dir` (file name, caption) to `out`, inline.
-pub(crate) fn figures(
-    out: &mut String,
-    dir: &Path,
-    charts: &[(String, String)],
-) -> anyhow::Result<()> {
-    for (file, caption) in charts {
-        let svg = std::fs::read_to_string(dir.join(file))
-            .with_context(|| format!("{file}: cannot read the chart"))?;
+/// A chart of a report: its id, its SVG and its caption.
+pub(crate) struct Figure {
+    pub(crate) id: String,
+    pub(crate) svg: String,
+    pub(crate) caption: String,
+}
+
+/// Appends each chart to `out`, inline.
+pub(crate) fn figures(out: &mut String, charts: &[Figure]) {
+    for f in charts {
         let _ = write!(
             out,
             "<figure id=\"{id}\">{svg}<figcaption>{caption}</figcaption></figure>",
-            id = escape(file.trim_end_matches(".svg")),
-            caption = escape(caption)
+            id = escape(&f.id),
+            svg = f.svg,
+            caption = escape(&f.caption)
         );
     }
-    Ok(())
 }
 
 #[cfg(test)]

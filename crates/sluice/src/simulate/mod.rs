@@ -14,6 +14,7 @@ use clap::Args;
 use serde::Serialize;
 
 use crate::chart::{self, Series};
+use crate::html::Figure;
 use run::{ALGORITHMS, Run, Seen, Totals};
 use scenario::Scenario;
 
@@ -125,79 +126,68 @@ fn per_bin(calls: &[Seen], width: f64, keep: impl Fn(&Seen) -> bool) -> Vec<(f64
         .collect()
 }
 
-/// Draws every chart; returns their file names, each with its caption.
+/// Draws every chart, and writes each to `dir` as `<id>.svg`.
 fn charts(
     dir: &std::path::Path,
     s: &Scenario,
     with: &[Run],
     without: &[Run],
-) -> anyhow::Result<Vec<(String, String)>> {
-    let mut drawn = Vec::new();
+) -> anyhow::Result<Vec<Figure>> {
+    let by_algorithm = |points: &dyn Fn(&Run) -> Vec<(f64, f64)>| -> Vec<Series> {
+        with.iter()
+            .map(|r| Series {
+                name: r.totals.algorithm.to_owned(),
+                points: points(r),
+            })
+            .collect()
+    };
     let width = with.first().map_or(1.0, |r| bin_width(&r.calls, s.period));
-    let admitted: Vec<Series> = with
-        .iter()
-        .map(|r| Series {
-            name: r.totals.algorithm.to_owned(),
-            points: per_bin(&r.calls, width, |c| c.allowed),
-        })
-        .collect();
-    let caption = format!(
-        "Calls admitted every {width} s, by algorithm, at {} per {} s",
-        s.rate, s.period
-    );
-    chart::lines(
-        &dir.join("admitted.svg"),
-        "Admitted calls over time",
-        ("seconds", "admitted"),
-        &admitted,
-    )?;
-    drawn.push(("admitted.svg".to_owned(), caption));
-
-    let remaining: Vec<Series> = with
-        .iter()
-        .map(|r| Series {
-            name: r.totals.algorithm.to_owned(),
-            points: r
-                .calls
-                .iter()
-                .filter(|c| c.key == 0)
-                .filter_map(|c| Some((c.t, c.remaining? as f64)))
-                .collect(),
-        })
-        .collect();
-    chart::lines(
-        &dir.join("remaining.svg"),
-        "What the first key has left",
-        ("seconds", "remaining"),
-        &remaining,
-    )?;
-    drawn.push((
-        "remaining.svg".to_owned(),
-        "Tokens (or room in the window) the first key has left after each of its calls".to_owned(),
-    ));
-
-    let retry: Vec<Series> = with
-        .iter()
-        .map(|r| Series {
-            name: r.totals.algorithm.to_owned(),
-            points: histogram(
-                r.calls
-                    .iter()
-                    .filter_map(|c| c.retry_after.filter(|_| !c.allowed)),
+    let mut drawn = vec![
+        Figure {
+            id: "admitted".to_owned(),
+            svg: chart::lines(
+                "Admitted calls over time",
+                ("seconds", "admitted"),
+                &by_algorithm(&|r| per_bin(&r.calls, width, |c| c.allowed)),
+            )?,
+            caption: format!(
+                "Calls admitted every {width} s, by algorithm, at {} per {} s",
+                s.rate, s.period
             ),
-        })
-        .collect();
-    chart::lines(
-        &dir.join("retry_after.svg"),
-        "How long denied calls were told to wait",
-        ("retry_after (s)", "denials"),
-        &retry,
-    )?;
-    drawn.push((
-        "retry_after.svg".to_owned(),
-        "Denials by the exact retry_after they were told, in twenty bins".to_owned(),
-    ));
-
+        },
+        Figure {
+            id: "remaining".to_owned(),
+            svg: chart::lines(
+                "What the first key has left",
+                ("seconds", "remaining"),
+                &by_algorithm(&|r| {
+                    r.calls
+                        .iter()
+                        .filter(|c| c.key == 0)
+                        .filter_map(|c| Some((c.t, c.remaining? as f64)))
+                        .collect()
+                }),
+            )?,
+            caption:
+                "Tokens (or room in the window) the first key has left after each of its calls"
+                    .to_owned(),
+        },
+        Figure {
+            id: "retry_after".to_owned(),
+            svg: chart::lines(
+                "How long denied calls were told to wait",
+                ("retry_after (s)", "denials"),
+                &by_algorithm(&|r| {
+                    histogram(
+                        r.calls
+                            .iter()
+                            .filter_map(|c| c.retry_after.filter(|_| !c.allowed)),
+                    )
+                }),
+            )?,
+            caption: "Denials by the exact retry_after they were told, in twenty bins".to_owned(),
+        },
+    ];
     if let (Some(w), Some(wo)) = (with.first(), without.first()) {
         let width = bin_width(&w.calls, 1.0).min(1.0);
         let herd = [
@@ -210,19 +200,20 @@ fn charts(
                 points: per_bin(&wo.calls, width, |c| c.attempt > 0),
             },
         ];
-        chart::lines(
-            &dir.join("herd.svg"),
-            "Retries over time",
-            ("seconds", "retries"),
-            &herd,
-        )?;
-        drawn.push((
-            "herd.svg".to_owned(),
-            format!(
-                "Retries every {width} s under the {}, with Sluice's per-client Retry-After jitter and without it",
+        drawn.push(Figure {
+            id: "herd".to_owned(),
+            svg: chart::lines("Retries over time", ("seconds", "retries"), &herd)?,
+            caption: format!(
+                "Retries every {width} s under the {}, with Sluice's per-key Retry-After \
+                 jitter and without it",
                 w.totals.algorithm
             ),
-        ));
+        });
+    }
+    for f in &drawn {
+        let path = dir.join(format!("{}.svg", f.id));
+        std::fs::write(&path, &f.svg)
+            .with_context(|| format!("{}: cannot write", path.display()))?;
     }
     Ok(drawn)
 }

@@ -7,7 +7,7 @@ use anyhow::Context;
 
 use super::run::Totals;
 use super::scenario::Scenario;
-use crate::html::{escape, figures, page};
+use crate::html::{Figure, escape, figures, page};
 
 fn table(out: &mut String, caption: &str, rows: &[Totals]) {
     let _ = write!(
@@ -40,9 +40,8 @@ pub(crate) fn write(
     s: &Scenario,
     with: &[Totals],
     without: &[Totals],
-    charts: &[(String, String)],
+    charts: &[Figure],
 ) -> anyhow::Result<()> {
-    let dir = path.parent().unwrap_or(Path::new("."));
     let mut out = String::with_capacity(1 << 16);
     let _ = write!(
         out,
@@ -68,7 +67,7 @@ pub(crate) fn write(
     if !without.is_empty() {
         table(&mut out, "The same, without jitter", without);
     }
-    figures(&mut out, dir, charts)?;
+    figures(&mut out, charts);
     let title = format!("Sluice simulation: {}", s.name);
     std::fs::write(path, page(&title, &out))
         .with_context(|| format!("{}: cannot write", path.display()))
