@@ -884,3 +884,60 @@ fn ipv6_clients_are_keyed_by_their_64_unless_the_policy_says_otherwise() {
     let ds = replay(&policy("ipv6_prefix: 48\n"), &events);
     assert_eq!(column(&ds, "allowed"), [true, false, false, true, true]);
 }
+
+#[test]
+fn a_report_shows_each_rule_over_time_and_what_shadow_rules_would_have_done() {
+    let dir = Dir::new();
+    let policy = dir.file(
+        "policy.yaml",
+        "rules:\n  - name: per-ip\n    limit_keys: [ip:address]\n    algorithm: token_bucket\n    \
+         algorithm_config: {rps: 1, burst: 2}\n  - name: tighter-trial\n    limit_keys: [ip:address]\n    \
+         algorithm: token_bucket\n    algorithm_config: {rate: 1, period: 10s}\n    mode: shadow\n",
+    );
+    let lines: Vec<String> = (0..40)
+        .map(|i| {
+            req(
+                f64::from(i) * 0.25,
+                if i % 4 == 0 { "192.0.2.9" } else { "192.0.2.1" },
+            )
+            .to_string()
+        })
+        .collect();
+    let events = dir.file("events.jsonl", &lines.join("\n"));
+    let report = dir.0.path().join("report.html");
+    let out = sluice(&[
+        "replay",
+        "--quiet",
+        "--policy",
+        path(&policy),
+        "--events",
+        path(&events),
+        "--report",
+        path(&report),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(String::from_utf8_lossy(&out.stdout).lines().count(), 40);
+    let html = std::fs::read_to_string(&report).unwrap();
+    assert_eq!(html.matches("<svg").count(), 4);
+    for id in ["denied", "allowed", "shadow", "retry_after"] {
+        assert!(
+            html.contains(&format!("<figure id=\"{id}\">")),
+            "no {id} chart"
+        );
+    }
+    // The shadow rule's would-be denials are drawn, and the most denied
+    // client tops the table.
+    let shadow = &html[html.find("<figure id=\"shadow\">").unwrap()..];
+    assert!(shadow[..shadow.find("</figure>").unwrap()].contains("tighter-trial"));
+    assert!(html.contains("192.0.2.1 ("), "{html}");
+    for outside in ["<script", "<link", "src=", "url(", "https://"] {
+        assert!(
+            !html.contains(outside),
+            "the report refers outside itself: {outside}"
+        );
+    }
+}

@@ -8,6 +8,7 @@ mod agreement;
 mod event;
 mod line;
 mod replayer;
+mod report;
 mod summary;
 
 pub(crate) use event::{Call, Hold};
@@ -48,6 +49,12 @@ pub(crate) struct ReplayArgs {
     /// Seed for the shard choices of sharded limits, so runs repeat exactly.
     #[arg(long, default_value_t = 0, env = "SLUICE_SEED")]
     pub(crate) seed: u64,
+    /// Also write a report for people to this HTML file: each rule's
+    /// decisions over time, what shadow rules would have denied, the top
+    /// denied keys and the waits denials were told. One file, with its
+    /// charts inline.
+    #[arg(long, env = "SLUICE_REPORT")]
+    pub(crate) report: Option<PathBuf>,
 }
 
 /// How often, at most, a progress line is printed.
@@ -70,6 +77,7 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         None => Box::new(std::io::stdout().lock()),
     };
     let mut out = BufWriter::with_capacity(1 << 16, output);
+    let mut report = args.report.as_ref().map(|_| report::Report::new(&policy));
     let mut replayer = Replayer::new(policy, args.seed);
     let progress = (!args.quiet).then(Progress::new);
     // The in-memory store answers at once, so one thread runs the engine.
@@ -80,7 +88,11 @@ pub(crate) fn run(args: &ReplayArgs) -> anyhow::Result<()> {
         &mut replayer,
         &events_name,
         progress,
+        report.as_mut(),
     ))?;
+    if let (Some(path), Some(report)) = (&args.report, &report) {
+        report.write(path, &replayer.summary.finished_json())?;
+    }
     if args.summary {
         replayer
             .summary
@@ -96,6 +108,7 @@ async fn replay<S: Store + 'static>(
     replayer: &mut Replayer<S>,
     events_name: &str,
     mut progress: Option<Progress>,
+    mut report: Option<&mut report::Report>,
 ) -> anyhow::Result<()> {
     let mut last_t = f64::NEG_INFINITY;
     let mut count = 0u64;
@@ -123,6 +136,9 @@ async fn replay<S: Store + 'static>(
                 // `ip` is the peer, as for /v1/decide and the middleware.
                 let req = req.with_client_behind(replayer.trusted_proxies());
                 let verdict = replayer.request(&req, duration).await;
+                if let Some(r) = report.as_deref_mut() {
+                    r.verdict(t, &verdict);
+                }
                 let line = Line::request(&t_raw, &verdict, replayer.policy());
                 serde_json::to_writer(&mut *out, &line)?;
             }
@@ -138,6 +154,9 @@ async fn replay<S: Store + 'static>(
                     .call(&t_raw, &call)
                     .await
                     .with_context(|| format!("{events_name}:{n}"))?;
+                if let Some(r) = report.as_deref_mut() {
+                    r.call(t, &call.limit, line.allowed, line.retry_after);
+                }
                 serde_json::to_writer(&mut *out, &line)?;
             }
         }

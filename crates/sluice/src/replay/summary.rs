@@ -72,6 +72,9 @@ pub(crate) struct Summary {
     rule_index: HashMap<String, usize>,
     #[serde(skip)]
     limit_index: HashMap<String, usize>,
+    /// The top denied keys have been picked (and the counts let go).
+    #[serde(skip)]
+    finished: bool,
 }
 
 impl Summary {
@@ -150,6 +153,9 @@ impl Summary {
     }
 
     fn finish(&mut self) {
+        if std::mem::replace(&mut self.finished, true) {
+            return;
+        }
         for r in self.rules.iter_mut().chain(self.limits.iter_mut()) {
             let mut keys: Vec<_> = r
                 .denied_keys
@@ -160,6 +166,12 @@ impl Summary {
             keys.truncate(TOP_KEYS);
             r.top_denied_keys = keys;
         }
+    }
+
+    /// The totals as JSON, as `{"summary": ...}` holds them.
+    pub(crate) fn finished_json(&mut self) -> serde_json::Value {
+        self.finish();
+        serde_json::to_value(&*self).unwrap_or(serde_json::Value::Null)
     }
 
     /// Writes `{"summary": ...}` as one JSON line, and a table for people.
