@@ -98,15 +98,22 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// The width of a chart's time bins: about a hundred across the run.
+/// The width of a chart's time bins: the first of 1, 2 and 5 times a power
+/// of ten that makes about a hundred bins across the run, or fewer.
 fn bin_width(calls: &[Seen], period: f64) -> f64 {
     let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
     let raw = (end / 100.0).max(period / 100.0).max(0.001);
-    // A round number of seconds, or of milliseconds below one.
-    if raw >= 1.0 {
-        raw.ceil()
-    } else {
-        (raw * 1000.0).ceil() / 1000.0
+    // Counted in whole milliseconds, so that 0.05 is 50 / 1000, exactly
+    // what a reader expects to see.
+    let mut scale: u64 = 1;
+    loop {
+        for step in [1, 2, 5] {
+            let ms = step * scale;
+            if ms as f64 / 1000.0 >= raw || scale > 1 << 40 {
+                return ms as f64 / 1000.0;
+            }
+        }
+        scale *= 10;
     }
 }
 
@@ -232,4 +239,31 @@ fn histogram(values: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
         .enumerate()
         .map(|(i, &n)| (i as f64 * width, n))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(t: f64) -> Seen {
+        Seen {
+            t,
+            key: 0,
+            allowed: true,
+            retry_after: None,
+            remaining: None,
+            attempt: 0,
+        }
+    }
+
+    #[test]
+    fn bins_are_round_and_about_a_hundred_across() {
+        assert_eq!(bin_width(&[at(61.0)], 60.0), 1.0);
+        assert_eq!(bin_width(&[at(100.0)], 1.0), 1.0);
+        assert_eq!(bin_width(&[at(150.0)], 1.0), 2.0);
+        assert_eq!(bin_width(&[at(3.0)], 0.01), 0.05);
+        assert_eq!(bin_width(&[], 0.001), 0.001);
+        let points = per_bin(&[at(0.0), at(0.4), at(1.0)], 0.5, |c| c.allowed);
+        assert_eq!(points, [(0.0, 2.0), (0.5, 0.0), (1.0, 1.0)]);
+    }
 }

@@ -59,11 +59,12 @@ pub(crate) fn write(
         rate = s.rate,
         period = s.period,
     );
-    table(
-        &mut out,
-        "Denied clients retry after their Retry-After, with Sluice's jitter",
-        with,
-    );
+    let caption = if s.retries > 0 {
+        "Denied clients retry after their Retry-After, with Sluice's jitter"
+    } else {
+        "Totals: denied calls are not tried again"
+    };
+    table(&mut out, caption, with);
     if !without.is_empty() {
         table(&mut out, "The same, without jitter", without);
     }
