@@ -190,15 +190,3 @@ impl Leases {
         })
     }
 }
-
-/// A fresh lease id: random, nonzero, and below 2⁵³, so that a double
-/// holds it exactly (the Redis store keeps leases in doubles).
-///
-/// ```
-/// let id = sluice_core::concurrency::lease_id();
-/// assert!(id > 0 && id < 1 << 53);
-/// ```
-#[inline]
-pub fn lease_id() -> u64 {
-    fastrand::u64(1..1 << 53)
-}

@@ -24,5 +24,5 @@ pub use config::{
 };
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;
-pub use store::{CostError, Mode, OnStoreError, Op, Settle, Store, StoreError};
+pub use store::{CostError, LEASE_IDS, Mode, OnStoreError, Op, Settle, Store, StoreError};
 pub use time::{Clock, FakeClock, Nanos, SystemClock};

@@ -187,6 +187,17 @@ impl Mode {
     };
 }
 
+/// The ids a lease may take: nonzero (a forgotten key brought back holds
+/// its slots under 0, for no one to release) and below 2⁵³, so that a
+/// double holds each exactly (the Redis store keeps leases in doubles).
+///
+/// ```
+/// use sluice_core::{Concurrency, LEASE_IDS, Limit, Nanos, Op};
+/// let limit = Limit::new("uploads", Concurrency::new(2.0, Nanos(60)).unwrap());
+/// assert!(LEASE_IDS.contains(&Op::new(&limit, "k", 1.0).lease));
+/// ```
+pub const LEASE_IDS: std::ops::Range<u64> = 1..1 << 53;
+
 /// One limit, one key, one cost: a member of a transaction.
 ///
 /// ```
@@ -220,7 +231,7 @@ impl<'a> Op<'a> {
             0
         };
         let lease = if limit.takes_leases() {
-            crate::concurrency::lease_id()
+            fastrand::u64(LEASE_IDS)
         } else {
             0
         };

@@ -5,13 +5,16 @@ use std::time::Instant;
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
-use sluice_core::{Decision, Limit, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError};
+use sluice_core::{
+    Decision, LEASE_IDS, Limit, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError,
+};
 use sluice_policy::{Enforcement, NamedLimit, Penalty, Policy, Request, Rule, RuleHit};
 use smallvec::SmallVec;
 
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::Meters;
-use crate::slots::{Held, Releaser, Slots, releaser};
+use crate::slots::{Held, HeldLeases, Releaser, failed_release, releaser};
+use crate::store_errors;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
@@ -45,7 +48,7 @@ use crate::verified::Verified;
 pub struct Enforcer<S> {
     policy: ArcSwap<Policy>,
     store: Arc<S>,
-    /// Gives leases back in the background (see [`Slots`]).
+    /// Gives leases back in the background (see [`HeldLeases`]).
     releaser: Releaser,
     meters: Meters,
     /// Where hot-key shard choices come from when they must repeat (replay);
@@ -70,11 +73,12 @@ impl<S: Store + 'static> Enforcer<S> {
     /// ```
     pub fn new(policy: Policy, store: S) -> Self {
         let store = Arc::new(store);
+        let meters = Meters::default();
         Enforcer {
             policy: ArcSwap::from_pointee(policy),
-            releaser: releaser(Arc::clone(&store)),
+            releaser: releaser(Arc::clone(&store), Arc::clone(&meters.errors)),
             store,
-            meters: Meters::default(),
+            meters,
             picks: None,
             inline: InlineLimits::new(DEFAULT_MAX_INLINE_LIMITS),
             overrides: InlineLimits::new(DEFAULT_MAX_INLINE_LIMITS),
@@ -251,7 +255,7 @@ impl<S: Store + 'static> Enforcer<S> {
                 let mut rng = rng.lock();
                 let op = op.with_pick(rng.u64(..));
                 if limit.takes_leases() {
-                    op.with_lease(rng.u64(1..1 << 53))
+                    op.with_lease(rng.u64(LEASE_IDS))
                 } else {
                     op
                 }
@@ -301,11 +305,11 @@ impl<S: Store + 'static> Enforcer<S> {
     }
 
     /// The leases `ops` would take, held until the store answers: see
-    /// [`Slots::disarm`].
+    /// [`HeldLeases::disarm`].
     fn pending<'o>(
         &self,
         ops: impl IntoIterator<Item = (&'o Limit, &'o str, &'o Op<'o>)>,
-    ) -> Slots {
+    ) -> HeldLeases {
         let leases = ops
             .into_iter()
             .filter(|(_, _, op)| op.limit.takes_leases() && op.cost > 0.0)
@@ -315,16 +319,16 @@ impl<S: Store + 'static> Enforcer<S> {
                 lease: op.lease,
             })
             .collect();
-        Slots::new(leases, &self.releaser)
+        HeldLeases::new(leases, &self.releaser)
     }
 
     /// Takes the leases `verdict` took (see [`Verdict::leases`]) into
-    /// [`Slots`] that release them when dropped: hold it for as long as the
+    /// [`HeldLeases`] that release them when dropped: hold it for as long as the
     /// request's work goes on.
     ///
     /// [`Verdict::leases`]: crate::Verdict::leases
-    pub fn hold(&self, verdict: &mut Verdict) -> Slots {
-        Slots::new(std::mem::take(&mut verdict.leases), &self.releaser)
+    pub fn hold(&self, verdict: &mut Verdict) -> HeldLeases {
+        HeldLeases::new(std::mem::take(&mut verdict.leases), &self.releaser)
     }
 
     /// Releases a lease taken by [`Enforcer::acquire_named`] or by a
@@ -340,7 +344,7 @@ impl<S: Store + 'static> Enforcer<S> {
             .release()
             .record(started.elapsed().as_secs_f64());
         if let Err(e) = &result {
-            self.store_failed(e, [(held.limit.name(), OnStoreError::Open)]);
+            failed_release(&self.meters.errors, e, held);
         }
         result
     }
@@ -747,19 +751,7 @@ impl<S: Store + 'static> Enforcer<S> {
         e: &StoreError,
         deciding: impl IntoIterator<Item = (&'r str, OnStoreError)>,
     ) {
-        let kind = match e {
-            StoreError::Timeout => "timeout",
-            _ => "unavailable",
-        };
-        for (name, on_error) in deciding {
-            let fail = match on_error {
-                OnStoreError::Open => "open",
-                OnStoreError::Closed => "closed",
-            };
-            metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail, "rule" => name.to_owned())
-                .increment(1);
-        }
-        self.meters.errors.failed(e);
+        store_errors::store_failed(&self.meters.errors, e, deciding);
     }
 }
 

@@ -43,6 +43,6 @@ mod verified;
 
 pub use enforcer::Enforcer;
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
-pub use slots::{Held, Slots};
+pub use slots::{Held, HeldLeases};
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

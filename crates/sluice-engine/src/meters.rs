@@ -1,7 +1,7 @@
 //! The metric handles the engine records decisions and store calls into.
 
 use std::collections::HashMap;
-use std::sync::{OnceLock, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use metrics::{Counter, Histogram};
 use sluice_policy::Enforcement;
@@ -28,7 +28,8 @@ pub(crate) struct Meters {
     /// `sluice_store_seconds` of releases.
     release: OnceLock<Histogram>,
     /// Failed store calls, logged a line per interval.
-    pub(crate) errors: StoreErrorLog,
+    /// Shared with the task that releases leases in the background.
+    pub(crate) errors: Arc<StoreErrorLog>,
 }
 
 /// The `sluice_decisions_total` series of `rule` at index `i` of

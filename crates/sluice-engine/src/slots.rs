@@ -1,9 +1,11 @@
 //! Slots on concurrency limits: the leases an admitted request or call
-//! holds, and [`Slots`], which gives them back when the work ends.
+//! holds, and [`HeldLeases`], which gives them back when the work ends.
 
 use std::sync::Arc;
 
-use sluice_core::{Limit, Store, StoreError};
+use sluice_core::{Limit, OnStoreError, Store, StoreError};
+
+use crate::store_errors::{StoreErrorLog, store_failed};
 
 /// One lease an admitted request or call took on a concurrency limit: what
 /// to release when its work ends.
@@ -30,40 +32,31 @@ pub(crate) type Releaser = Arc<dyn Fn(Vec<Held>) + Send + Sync>;
 
 /// The [`Releaser`] of `store`: a task on the Tokio runtime the leases are
 /// let go on that releases each in turn (on none, they expire on their
-/// own). A failed release is counted in `sluice_store_errors_total` and
-/// logged; the lease then expires on its own.
-pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>) -> Releaser {
+/// own). A failed release is counted and logged in `errors`, as a failed
+/// decision is; the lease then expires on its own.
+pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreErrorLog>) -> Releaser {
     Arc::new(move |leases: Vec<Held>| {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
-        let store = Arc::clone(&store);
+        let (store, errors) = (Arc::clone(&store), Arc::clone(&errors));
         runtime.spawn(async move {
             for held in &leases {
                 if let Err(e) = store.release(&held.limit, &held.key, held.lease).await {
-                    failed_release(&e, held);
+                    failed_release(&errors, &e, held);
                 }
             }
         });
     })
 }
 
-/// Counts and logs a release the store could not make.
-pub(crate) fn failed_release(e: &StoreError, held: &Held) {
-    let kind = match e {
-        StoreError::Timeout => "timeout",
-        _ => "unavailable",
-    };
-    metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => "open", "rule" => held.limit.name().to_owned())
-        .increment(1);
-    tracing::warn!(
-        limit = held.limit.name(),
-        error = %e,
-        "a lease could not be released; its slots come back when it expires"
-    );
+/// Counts and logs a release the store could not make: its slots come
+/// back when the lease expires.
+pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &Held) {
+    store_failed(errors, e, [(held.limit.name(), OnStoreError::Open)]);
 }
 
-/// Slots held on concurrency limits: dropping this releases them. It holds
+/// Leases held on concurrency limits: dropping this releases them. It holds
 /// a request's slots while its work goes on, whether the work finished,
 /// failed, or was abandoned (a client that went away drops the request's
 /// future, and this with it). The release is a store call of its own, made
@@ -92,23 +85,23 @@ pub(crate) fn failed_release(e: &StoreError, held: &Held) {
 /// assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
 /// ```
 #[must_use = "the slots are released as soon as this is dropped"]
-pub struct Slots {
+pub struct HeldLeases {
     leases: Vec<Held>,
     by: Option<Releaser>,
 }
 
-impl Slots {
+impl HeldLeases {
     /// Holds nothing.
-    pub fn none() -> Slots {
-        Slots {
+    pub fn none() -> HeldLeases {
+        HeldLeases {
             leases: Vec::new(),
             by: None,
         }
     }
 
     /// Holds `leases`, released by `by` when dropped.
-    pub(crate) fn new(leases: Vec<Held>, by: &Releaser) -> Slots {
-        Slots {
+    pub(crate) fn new(leases: Vec<Held>, by: &Releaser) -> HeldLeases {
+        HeldLeases {
             by: (!leases.is_empty()).then(|| Arc::clone(by)),
             leases,
         }
@@ -127,15 +120,15 @@ impl Slots {
     }
 }
 
-impl std::fmt::Debug for Slots {
+impl std::fmt::Debug for HeldLeases {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Slots")
+        f.debug_struct("HeldLeases")
             .field("leases", &self.leases)
             .finish()
     }
 }
 
-impl Drop for Slots {
+impl Drop for HeldLeases {
     fn drop(&mut self) {
         if let Some(by) = self.by.take()
             && !self.leases.is_empty()

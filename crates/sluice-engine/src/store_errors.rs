@@ -7,7 +7,29 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use sluice_core::StoreError;
+use sluice_core::{OnStoreError, StoreError};
+
+/// Counts a failed store call in `sluice_store_errors_total` for each rule
+/// or limit it decided, by how that one fails, and logs it in `log`.
+pub(crate) fn store_failed<'r>(
+    log: &StoreErrorLog,
+    e: &StoreError,
+    deciding: impl IntoIterator<Item = (&'r str, OnStoreError)>,
+) {
+    let kind = match e {
+        StoreError::Timeout => "timeout",
+        _ => "unavailable",
+    };
+    for (name, on_error) in deciding {
+        let fail = match on_error {
+            OnStoreError::Open => "open",
+            OnStoreError::Closed => "closed",
+        };
+        metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail, "rule" => name.to_owned())
+            .increment(1);
+    }
+    log.failed(e);
+}
 
 /// How often, at most, a failure is logged.
 const INTERVAL: Duration = Duration::from_secs(10);

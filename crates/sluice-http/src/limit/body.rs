@@ -5,32 +5,32 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use http_body::{Body, Frame, SizeHint};
-use sluice_engine::Slots;
+use sluice_engine::HeldLeases;
 
 pin_project_lite::pin_project! {
     /// A response body that holds its request's slots on concurrency limits
-    /// (see [`Slots`]) until it has been sent in full, fails, or is dropped
+    /// (see [`HeldLeases`]) until it has been sent in full, fails, or is dropped
     /// because the client went away: a streaming response holds its slot
     /// for as long as it streams.
     ///
     /// ```
     /// use http_body::Body;
     /// use http_body_util::Full;
-    /// use sluice_engine::Slots;
+    /// use sluice_engine::HeldLeases;
     /// use sluice_http::Leased;
-    /// let body = Leased::new(Full::new(bytes::Bytes::from_static(b"hi")), Slots::none());
+    /// let body = Leased::new(Full::new(bytes::Bytes::from_static(b"hi")), HeldLeases::none());
     /// assert_eq!(body.size_hint().exact(), Some(2));
     /// ```
     pub struct Leased<B> {
         #[pin]
         inner: B,
-        slots: Option<Slots>,
+        slots: Option<HeldLeases>,
     }
 }
 
 impl<B> Leased<B> {
     /// `inner`, holding `slots` until it ends.
-    pub fn new(inner: B, slots: Slots) -> Leased<B> {
+    pub fn new(inner: B, slots: HeldLeases) -> Leased<B> {
         Leased {
             inner,
             slots: Some(slots),

@@ -20,8 +20,10 @@ pub(crate) struct Replayer<S> {
     clock: FakeClock,
     pub(crate) summary: Summary,
     /// Leases to release when virtual time reaches their time, in order
-    /// (the second number keeps leases due at one time apart).
+    /// (the second number, the count of leases held so far, keeps leases
+    /// due at one time apart).
     due: BTreeMap<(Nanos, u64), Held>,
+    held: u64,
     /// Leases that calls named, for a later event to release: by limit,
     /// key and name.
     named: HashMap<(String, String, String), Held>,
@@ -64,6 +66,7 @@ impl<S: Store + 'static> Replayer<S> {
             clock,
             summary,
             due: BTreeMap::new(),
+            held: 0,
             named: HashMap::new(),
         }
     }
@@ -97,12 +100,8 @@ impl<S: Store + 'static> Replayer<S> {
     /// Holds `held` for `duration` seconds from now.
     fn hold_for(&mut self, held: Held, duration: f64) -> anyhow::Result<()> {
         let at = Nanos(self.clock.now().0.saturating_add(secs(duration)?.0));
-        let seq = self.due.len() as u64 + self.clock.now().0.unsigned_abs();
-        let mut key = (at, seq);
-        while self.due.contains_key(&key) {
-            key.1 = key.1.wrapping_add(1);
-        }
-        self.due.insert(key, held);
+        self.held += 1;
+        self.due.insert((at, self.held), held);
         Ok(())
     }
 

@@ -15,7 +15,7 @@ use serde::Serialize;
 
 use crate::chart::{self, Series};
 use crate::html::Figure;
-use run::{ALGORITHMS, Run, Seen, Totals};
+use run::{ALGORITHMS, CallRecord, Run, Totals};
 use scenario::Scenario;
 
 /// `sluice simulate`.
@@ -100,7 +100,7 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
 
 /// The width of a chart's time bins: the first of 1, 2 and 5 times a power
 /// of ten that makes about a hundred bins across the run, or fewer.
-fn bin_width(calls: &[Seen], period: f64) -> f64 {
+fn bin_width(calls: &[CallRecord], period: f64) -> f64 {
     let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
     let raw = (end / 100.0).max(period / 100.0).max(0.001);
     // Counted in whole milliseconds, so that 0.05 is 50 / 1000, exactly
@@ -118,7 +118,11 @@ fn bin_width(calls: &[Seen], period: f64) -> f64 {
 }
 
 /// Counts per bin of the calls `keep` picks, as points at each bin's start.
-fn per_bin(calls: &[Seen], width: f64, keep: impl Fn(&Seen) -> bool) -> Vec<(f64, f64)> {
+fn per_bin(
+    calls: &[CallRecord],
+    width: f64,
+    keep: impl Fn(&CallRecord) -> bool,
+) -> Vec<(f64, f64)> {
     let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
     let bins = (end / width).floor() as usize + 1;
     let mut counts = vec![0.0; bins];
@@ -245,8 +249,8 @@ fn histogram(values: impl Iterator<Item = f64>) -> Vec<(f64, f64)> {
 mod tests {
     use super::*;
 
-    fn at(t: f64) -> Seen {
-        Seen {
+    fn at(t: f64) -> CallRecord {
+        CallRecord {
             t,
             key: 0,
             allowed: true,

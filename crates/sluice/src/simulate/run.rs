@@ -21,7 +21,7 @@ pub(crate) const ALGORITHMS: [&str; 4] = [
 
 /// One call as the simulation saw it.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Seen {
+pub(crate) struct CallRecord {
     pub(crate) t: f64,
     pub(crate) key: usize,
     pub(crate) allowed: bool,
@@ -59,7 +59,7 @@ pub(crate) struct Totals {
 /// A run: its totals and every call.
 pub(crate) struct Run {
     pub(crate) totals: Totals,
-    pub(crate) calls: Vec<Seen>,
+    pub(crate) calls: Vec<CallRecord>,
 }
 
 /// The policy of one algorithm at the scenario's limit: a named limit
@@ -118,7 +118,7 @@ pub(crate) async fn run(
         };
         let t_json = serde_json::Number::from_f64(t).unwrap_or_else(|| 0.into());
         let line = replayer.call(&t_json, &call).await?;
-        let seen = Seen {
+        let seen = CallRecord {
             t,
             key: k,
             allowed: line.allowed,
@@ -169,7 +169,7 @@ fn nanos(secs: f64) -> i64 {
 
 /// The most calls of one key admitted within any span shorter than
 /// `period`.
-pub(crate) fn peak(calls: &[Seen], keys: usize, period: f64) -> u64 {
+pub(crate) fn peak(calls: &[CallRecord], keys: usize, period: f64) -> u64 {
     (0..keys)
         .map(|k| {
             let times = calls
@@ -200,8 +200,8 @@ fn busiest(times: impl Iterator<Item = f64>, span: f64) -> u64 {
 mod tests {
     use super::*;
 
-    fn seen(t: f64, allowed: bool) -> Seen {
-        Seen {
+    fn seen(t: f64, allowed: bool) -> CallRecord {
+        CallRecord {
             t,
             key: 0,
             allowed,
