@@ -1,7 +1,8 @@
 //! The [`Enforcer`]: a policy and a store, deciding requests and calls.
 
 use std::sync::Arc;
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
@@ -11,10 +12,12 @@ use sluice_core::{
 use sluice_policy::{Enforcement, NamedLimit, Penalty, Policy, Request, Rule, RuleHit};
 use smallvec::SmallVec;
 
+use crate::activity::Activity;
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
-use crate::meters::Meters;
+use crate::meters::{Meters, StoreOp};
 use crate::slots::{Held, HeldLeases, Releaser, failed_release, releaser};
 use crate::store_errors;
+use crate::top_keys::TopKeys;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
@@ -47,6 +50,9 @@ use crate::verified::Verified;
 /// ```
 pub struct Enforcer<S> {
     policy: ArcSwap<Policy>,
+    /// When the policy in force was put in force, in milliseconds since the
+    /// Unix epoch.
+    since: AtomicU64,
     store: Arc<S>,
     /// Gives leases back in the background (see [`HeldLeases`]).
     releaser: Releaser,
@@ -76,6 +82,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let meters = Meters::default();
         Enforcer {
             policy: ArcSwap::from_pointee(policy),
+            since: AtomicU64::new(unix_millis(SystemTime::now())),
             releaser: releaser(Arc::clone(&store), Arc::clone(&meters.errors)),
             store,
             meters,
@@ -231,6 +238,74 @@ impl<S: Store + 'static> Enforcer<S> {
     /// ```
     pub fn replace(&self, policy: Policy) {
         self.policy.store(Arc::new(policy));
+        self.since
+            .store(unix_millis(SystemTime::now()), Ordering::Relaxed);
+    }
+
+    /// When the policy in force was put in force: when the enforcer was
+    /// made, or last [`replace`](Enforcer::replace)d it. To the millisecond.
+    ///
+    /// ```
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::Policy;
+    /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
+    /// let made = e.policy_since();
+    /// std::thread::sleep(std::time::Duration::from_millis(2));
+    /// e.replace(Policy::default());
+    /// assert!(e.policy_since() > made);
+    /// ```
+    pub fn policy_since(&self) -> SystemTime {
+        UNIX_EPOCH + Duration::from_millis(self.since.load(Ordering::Relaxed))
+    }
+
+    /// Starts keeping a bounded summary of the keys denied most (see
+    /// [`TopKeys`]), if it is not kept yet, and returns it. Once kept, each
+    /// denial takes one of the summary's locks, so it is left off until
+    /// something wants to read it.
+    ///
+    /// ```
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::{Policy, RequestParts, readable_key};
+    /// let policy = Policy::from_str("rules: [{name: r, limit_keys: [ip:address], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let top = e.keep_top_keys();
+    /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let policy = e.policy();
+    /// for _ in 0..3 {
+    ///     rt.block_on(e.enforce(&policy, &req));
+    /// }
+    /// let first = &top.top(1)[0];
+    /// assert_eq!((readable_key(&first.key).as_str(), first.denied), ("192.0.2.1", 2));
+    /// ```
+    pub fn keep_top_keys(&self) -> &TopKeys {
+        self.meters.top_keys.get_or_init(TopKeys::default)
+    }
+
+    /// Running totals of the decisions made and the store calls, which a
+    /// later reading can be compared with.
+    ///
+    /// ```
+    /// # use sluice_core::{MemoryStore, Mode};
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::{Enforcement, Policy};
+    /// let policy = Policy::from_str("limits: {send: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let send = policy.named_limit("send").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let before = e.activity();
+    /// rt.block_on(e.decide_named(send, "alice", 1.0, Mode::CONSUME)).unwrap();
+    /// rt.block_on(e.decide_named(send, "alice", 1.0, Mode::CONSUME)).unwrap();
+    /// let after = e.activity();
+    /// let send = &after.rules[0];
+    /// assert_eq!((send.rule.as_str(), send.mode, send.allowed, send.denied), ("send", Enforcement::Enforce, 1, 1));
+    /// assert_eq!(after.store.since(&before.store).calls(), 2);
+    /// ```
+    pub fn activity(&self) -> Activity {
+        self.meters.activity()
     }
 
     /// The store.
@@ -340,9 +415,7 @@ impl<S: Store + 'static> Enforcer<S> {
     pub async fn release(&self, held: &Held) -> Result<bool, StoreError> {
         let started = Instant::now();
         let result = self.store.release(&held.limit, &held.key, held.lease).await;
-        self.meters
-            .release()
-            .record(started.elapsed().as_secs_f64());
+        self.meters.timed(StoreOp::Release, started);
         if let Err(e) = &result {
             failed_release(&self.meters.errors, e, held);
         }
@@ -399,7 +472,7 @@ impl<S: Store + 'static> Enforcer<S> {
                 .await
                 .map(|out| out.decisions[0]),
         };
-        self.meters.decide().record(started.elapsed().as_secs_f64());
+        self.meters.timed(StoreOp::Decide, started);
         let decision = match result {
             Ok(d) => d,
             Err(StoreError::Cost(e)) => return Err(StoreError::Cost(e)),
@@ -412,7 +485,7 @@ impl<S: Store + 'static> Enforcer<S> {
             }
         };
         self.meters
-            .count(named.name(), Enforcement::Enforce, decision.allowed);
+            .count(named.name(), Enforcement::Enforce, decision.allowed, op.key);
         Ok(decision)
     }
 
@@ -509,7 +582,7 @@ impl<S: Store + 'static> Enforcer<S> {
     ) -> Result<Decision, StoreError> {
         let started = Instant::now();
         let result = self.store.settle(limit, key, change).await;
-        self.meters.settle().record(started.elapsed().as_secs_f64());
+        self.meters.timed(StoreOp::Settle, started);
         match &result {
             Ok(_) => {
                 let kind = match change {
@@ -560,7 +633,7 @@ impl<S: Store + 'static> Enforcer<S> {
 
         for hit in shadow {
             let allowed = !hit.missing && self.shadow(hit, &mut verdict.leases).await;
-            self.count(hit.rule, allowed);
+            self.count(hit, allowed);
             verdict.shadow.push(ShadowDecision {
                 rule: hit.rule.name().to_owned(),
                 key: hit.key.clone(),
@@ -572,7 +645,7 @@ impl<S: Store + 'static> Enforcer<S> {
         if let Some(hit) = enforce.iter().find(|h| h.missing) {
             verdict.allowed = false;
             verdict.refusal = Some((hit.rule.name().to_owned(), Refusal::MissingKey));
-            self.count(hit.rule, false);
+            self.count(hit, false);
             return verdict;
         }
         if enforce.is_empty() {
@@ -623,13 +696,13 @@ impl<S: Store + 'static> Enforcer<S> {
             }
         };
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
-            self.count(hit.rule, d.allowed);
+            self.count(hit, d.allowed);
             verdict.rules.push(RuleDecision {
                 rule: hit.rule.name().to_owned(),
                 key: hit.key.clone(),
                 cost: hit.cost,
                 decision: *d,
-                window: window(hit.limit()),
+                window: quota_window(hit.limit()),
                 in_flight: hit.limit().takes_leases(),
             });
         }
@@ -660,8 +733,9 @@ impl<S: Store + 'static> Enforcer<S> {
         }
     }
 
-    fn count(&self, rule: &Rule, allowed: bool) {
-        self.meters.count(rule.name(), rule.mode(), allowed);
+    fn count(&self, hit: &RuleHit<'_>, allowed: bool) {
+        self.meters
+            .count(hit.rule.name(), hit.rule.mode(), allowed, &hit.key);
     }
 
     /// One rules' transaction, timed and counted; failures are counted by
@@ -674,9 +748,7 @@ impl<S: Store + 'static> Enforcer<S> {
             let owners: Vec<Owner<'_>> = rules.iter().map(|r| Owner::of_rule(r)).collect();
             self.gated(ops, &owners, Mode::CONSUME).await
         };
-        self.meters
-            .transact()
-            .record(started.elapsed().as_secs_f64());
+        self.meters.timed(StoreOp::Transact, started);
         if let Err(e) = &result
             && !matches!(e, StoreError::Cost(_))
         {
@@ -795,7 +867,19 @@ fn penalized(d: Decision, wait: f64) -> Decision {
 }
 
 /// A limit's quota window in seconds, as the `w` of `RateLimit-Policy`.
-fn window(limit: &Limit) -> f64 {
+/// The window that a limit's quota is stated over, in seconds: the
+/// `w` of the RateLimit-Policy header. A token bucket's is the time it
+/// takes to refill from empty; a window's, its period. A concurrency
+/// limit counts calls in flight over no window: 0.
+///
+/// ```
+/// use sluice_core::{FixedWindow, Limit, Nanos, TokenBucket};
+/// let tb = Limit::new("a", TokenBucket::new(10.0, 50.0).unwrap());
+/// assert_eq!(sluice_engine::quota_window(&tb), 5.0);
+/// let fw = Limit::new("b", FixedWindow::new(100.0, Nanos::from_secs_f64(60.0).unwrap()).unwrap());
+/// assert_eq!(sluice_engine::quota_window(&fw), 60.0);
+/// ```
+pub fn quota_window(limit: &Limit) -> f64 {
     match limit.algorithm() {
         // The time to refill from empty; `rate` is per second.
         sluice_core::Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
@@ -804,4 +888,10 @@ fn window(limit: &Limit) -> f64 {
             .window()
             .map_or(0.0, sluice_core::Nanos::as_secs_f64),
     }
+}
+
+/// `t` in whole milliseconds since the Unix epoch (0 before it).
+fn unix_millis(t: SystemTime) -> u64 {
+    t.duration_since(UNIX_EPOCH)
+        .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }

@@ -33,16 +33,20 @@
 //! assert_eq!(rt.block_on(enforcer.enforce(&policy, &req)).denied_by(), Some("per-ip"));
 //! ```
 
+mod activity;
 mod enforcer;
 mod inline;
 mod meters;
 mod slots;
 mod store_errors;
+mod top_keys;
 mod verdict;
 mod verified;
 
-pub use enforcer::Enforcer;
+pub use activity::{Activity, LATENCY_BUCKETS, RuleActivity, StoreActivity};
+pub use enforcer::{Enforcer, quota_window};
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
 pub use slots::{Held, HeldLeases};
+pub use top_keys::{MAX_KEY_BYTES, MINUTES, TopKey, TopKeys};
 pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

@@ -40,6 +40,8 @@ pub(crate) struct StoreErrorLog {
     next: AtomicU64,
     /// Failures not logged since the last line.
     left_out: AtomicU64,
+    /// Every failure so far.
+    failures: AtomicU64,
 }
 
 impl Default for StoreErrorLog {
@@ -48,6 +50,7 @@ impl Default for StoreErrorLog {
             start: Instant::now(),
             next: AtomicU64::new(0),
             left_out: AtomicU64::new(0),
+            failures: AtomicU64::new(0),
         }
     }
 }
@@ -55,6 +58,7 @@ impl Default for StoreErrorLog {
 impl StoreErrorLog {
     /// Logs `e`, or counts it if a line was logged less than an interval ago.
     pub(crate) fn failed(&self, e: &StoreError) {
+        self.failures.fetch_add(1, Ordering::Relaxed);
         let now = u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX);
         if let Some(left_out) = self.due(now) {
             if left_out == 0 {
@@ -67,6 +71,11 @@ impl StoreErrorLog {
                 );
             }
         }
+    }
+
+    /// How many store calls have failed so far.
+    pub(crate) fn failures(&self) -> u64 {
+        self.failures.load(Ordering::Relaxed)
     }
 
     /// Whether a failure at `now` (ms) is logged, and if so how many were

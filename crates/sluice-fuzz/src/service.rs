@@ -29,6 +29,7 @@ pub(crate) fn state() -> Arc<AppState<FakeClock>> {
         admin_token: Some(ADMIN_TOKEN.to_owned()),
         metrics: None,
         reload_error: Default::default(),
+        dashboard: None,
     })
 }
 

@@ -289,11 +289,7 @@ impl RuleBuilder {
     /// Whether the rule denies or only reports (`mode`).
     #[must_use]
     pub fn mode(mut self, mode: Enforcement) -> Self {
-        let mode = match mode {
-            Enforcement::Enforce => "enforce",
-            Enforcement::Shadow => "shadow",
-        };
-        self.doc.insert("mode".into(), Value::from(mode));
+        self.doc.insert("mode".into(), Value::from(mode.as_str()));
         self
     }
 

@@ -212,6 +212,24 @@ pub fn decode_key(mut key: &str) -> Option<Vec<&str>> {
     Some(parts)
 }
 
+/// A key made by [`encode_key`] as people read it: its parts separated by
+/// spaces, and `(shared)` for a key of no parts. Any other string is
+/// returned as it is.
+///
+/// ```
+/// use sluice_policy::{encode_key, readable_key};
+/// assert_eq!(readable_key(&encode_key(["192.0.2.1", "/login"])), "192.0.2.1 /login");
+/// assert_eq!(readable_key(""), "(shared)");
+/// assert_eq!(readable_key("alice"), "alice");
+/// ```
+pub fn readable_key(key: &str) -> String {
+    match decode_key(key) {
+        Some(parts) if parts.is_empty() => "(shared)".to_owned(),
+        Some(parts) => parts.join(" "),
+        None => key.to_owned(),
+    }
+}
+
 /// Writes a part that the request lacks, for rules with `on_missing:
 /// shared`. It starts with `-`, where every present part starts with its
 /// length, so it never collides with a value.

@@ -46,7 +46,9 @@ pub use condition::Condition;
 pub use error::{PolicyError, PolicyWarning};
 pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
 pub use jwt::{Claims, JwtVerifier, bearer_token};
-pub use keys::{Cost, CostSource, DEFAULT_IPV6_PREFIX, LimitKey, decode_key, encode_key};
+pub use keys::{
+    Cost, CostSource, DEFAULT_IPV6_PREFIX, LimitKey, decode_key, encode_key, readable_key,
+};
 pub use matching::RuleHit;
 pub use penalty::Penalty;
 pub use policy::{NamedLimit, Policy, Rule, StoreConfig};

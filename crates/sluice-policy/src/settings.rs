@@ -20,6 +20,21 @@ pub enum Enforcement {
     Shadow,
 }
 
+impl Enforcement {
+    /// The mode as a policy file writes it.
+    ///
+    /// ```
+    /// use sluice_policy::Enforcement;
+    /// assert_eq!(Enforcement::Shadow.as_str(), "shadow");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Enforcement::Enforce => "enforce",
+            Enforcement::Shadow => "shadow",
+        }
+    }
+}
+
 /// What a rule does with a request that lacks one of its key parts
 /// (`on_missing`).
 ///

@@ -7,6 +7,7 @@ use std::process::ExitCode;
 mod bench;
 mod chart;
 pub mod cli;
+mod dashboard;
 mod duration;
 mod flags;
 mod html;

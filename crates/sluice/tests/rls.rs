@@ -80,6 +80,7 @@ async fn client() -> RateLimitServiceClient<Channel> {
         admin_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
+        dashboard: None,
     });
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();

@@ -377,6 +377,7 @@ async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
         admin_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
+        dashboard: None,
     });
     // A token bucket brought inline as `limit`, through `path`: the status
     // and the problem's detail (or the answer).
@@ -901,6 +902,7 @@ limits:
         admin_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
+        dashboard: None,
     });
     let ask = |limit: &str| serde_json::json!({"limit": limit, "key": "k"}).to_string();
     let (st, _, j) = call(&s, "POST", "/v1/limit", ask("lenient"), None).await;

@@ -57,6 +57,7 @@ use tower::{Layer, ServiceExt};
 pub use admin::paths as admin_paths;
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
+use crate::dashboard::Dashboard;
 use crate::flags::{PolicyFile, StoreFlag};
 use crate::listen::{Limits, Listener};
 use crate::server::{Loaded, Metrics, Stop};
@@ -87,10 +88,15 @@ pub struct ProxyArgs {
     /// sender cannot hold an upstream connection indefinitely.
     #[arg(long, default_value = "60s", value_parser = crate::duration::parse, env = "SLUICE_BODY_TIMEOUT")]
     pub(crate) body_timeout: Duration,
-    /// Where `/metrics`, `/healthz` and `/readyz` listen; without it there
-    /// is no admin listener.
+    /// Where `/metrics`, `/healthz`, `/readyz` and the dashboard (`/ui`)
+    /// listen; without it there is no admin listener.
     #[arg(long, env = "SLUICE_ADMIN")]
     pub(crate) admin: Option<SocketAddr>,
+    /// The token that the dashboard (`/ui`, `/v1/stats`) requires, as a
+    /// bearer token or a browser's password; without one it is open to
+    /// whoever reaches the admin listener.
+    #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
+    pub(crate) admin_token: Option<String>,
     #[command(flatten)]
     pub(crate) limits: Limits,
 }
@@ -111,10 +117,16 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     crate::server::runtime()?.block_on(async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
+        let enforcer = Arc::new(enforcer);
         let status = Arc::new(admin::Admin {
-            enforcer: Arc::new(enforcer),
+            // Sampled only when there is a listener to show it on.
+            dashboard: args
+                .admin
+                .map(|_| Dashboard::start(&enforcer, Some(args.policy.path.clone()))),
+            enforcer,
             reload_error: arc_swap::ArcSwapOption::empty(),
             metrics: Metrics::global(),
+            admin_token: args.admin_token.filter(|t| !t.is_empty()),
         });
         let reloaded = Arc::clone(&status);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));

@@ -7,7 +7,7 @@ use std::io::Write;
 use serde::Serialize;
 use sluice_core::Decision;
 use sluice_engine::{Refusal, Verdict};
-use sluice_policy::{Enforcement, Policy, decode_key};
+use sluice_policy::{Enforcement, Policy, readable_key};
 
 const TOP_KEYS: usize = 5;
 
@@ -37,10 +37,7 @@ impl RuleTotals {
     fn new(name: &str, mode: Enforcement) -> Self {
         RuleTotals {
             name: name.to_owned(),
-            mode: match mode {
-                Enforcement::Enforce => "enforce",
-                Enforcement::Shadow => "shadow",
-            },
+            mode: mode.as_str(),
             ..RuleTotals::default()
         }
     }
@@ -160,7 +157,7 @@ impl Summary {
             let mut keys: Vec<_> = r
                 .denied_keys
                 .drain()
-                .map(|(k, n)| (readable(&k), n))
+                .map(|(k, n)| (readable_key(&k), n))
                 .collect();
             keys.sort_unstable_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.cmp(&b.0)));
             keys.truncate(TOP_KEYS);
@@ -216,14 +213,5 @@ impl Summary {
             )?;
         }
         Ok(())
-    }
-}
-
-/// A composite key as people read it: its parts separated by spaces.
-fn readable(key: &str) -> String {
-    match decode_key(key) {
-        Some(parts) if parts.is_empty() => "(shared)".to_owned(),
-        Some(parts) => parts.join(" "),
-        None => key.to_owned(),
     }
 }

@@ -25,7 +25,8 @@ use sluice_http::{denial, rate_limit_headers};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
-use crate::server::{AnyStore, Metrics, metrics_page, problem, readiness};
+use crate::dashboard::{self, Dashboard};
+use crate::server::{AnyStore, Metrics, holds_admin_token, metrics_page, problem, readiness};
 
 /// The largest request body accepted; a decision needs far less.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -40,6 +41,8 @@ pub struct AppState<C = SystemClock> {
     pub metrics: Option<Metrics>,
     /// Why the last policy reload failed, while the old policy serves.
     pub reload_error: arc_swap::ArcSwapOption<String>,
+    /// The live dashboard (`/ui`, `/v1/stats`); `None` answers them 404.
+    pub dashboard: Option<Arc<Dashboard>>,
 }
 
 /// The server's routes, as one service.
@@ -62,6 +65,7 @@ pub struct AppState<C = SystemClock> {
 ///     admin_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
+///     dashboard: None,
 /// });
 /// let call = || {
 ///     http::Request::post("/v1/limit")
@@ -102,6 +106,7 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 ///     admin_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
+///     dashboard: None,
 /// }));
 /// # tokio::runtime::Runtime::new()?.block_on(async {
 /// let get = |path| http::Request::get(path).body(Body::empty());
@@ -155,7 +160,7 @@ where
 
 /// Every route of the router. `/openapi.json` must describe each path,
 /// which the tests check against [`paths`].
-fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 12]
+fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 14]
 {
     [
         ("/v1/limit", post(limit::<C>)),
@@ -169,6 +174,8 @@ fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Ar
         ("/metrics", get(metrics::<C>)),
         ("/healthz", get(|| async { "ok\n" })),
         ("/readyz", get(readyz::<C>)),
+        (dashboard::UI, get(ui::<C>)),
+        (dashboard::STATS, get(stats::<C>)),
         (
             "/openapi.json",
             get(|| async { crate::openapi::response(crate::openapi::SERVE) }),
@@ -636,17 +643,12 @@ async fn release<C: Clock + Send + Sync + 'static>(
     json_response(StatusCode::OK, &serde_json::json!({ "released": released }))
 }
 
-/// Whether `headers` carry the admin token. Compared in constant time, so
-/// that response times say nothing about how much of a guess was right.
+/// Whether `headers` carry the admin token as a bearer token.
 fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
-    let Some(token) = &state.admin_token else {
-        return false;
-    };
-    headers
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(sluice_policy::bearer_token)
-        .is_some_and(|given| constant_time_eq::constant_time_eq(given.as_bytes(), token.as_bytes()))
+    state
+        .admin_token
+        .as_deref()
+        .is_some_and(|token| holds_admin_token(token, headers, false))
 }
 
 #[derive(Debug, Deserialize)]
@@ -820,4 +822,24 @@ async fn metrics<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<
 
 async fn readyz<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<C>>>) -> Response {
     readiness(s.enforcer.store(), &s.reload_error)
+}
+
+async fn ui<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    headers: HeaderMap,
+) -> Response {
+    dashboard::page(s.dashboard.as_deref(), s.admin_token.as_deref(), &headers)
+}
+
+async fn stats<C: Clock + Send + Sync + 'static>(
+    State(s): State<Arc<AppState<C>>>,
+    headers: HeaderMap,
+) -> Response {
+    dashboard::stats(
+        s.dashboard.as_deref(),
+        s.admin_token.as_deref(),
+        &headers,
+        &s.enforcer,
+        &s.reload_error,
+    )
 }

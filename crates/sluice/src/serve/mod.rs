@@ -22,6 +22,7 @@ use tower::ServiceExt;
 pub use api::{Api, AppState, MAX_BODY, app, paths};
 pub use rls::{Rls, serve_grpc};
 // What an `AppState` is made of, so that one can be built from here alone.
+pub use crate::dashboard::Dashboard;
 pub use crate::server::{AnyStore, Metrics};
 
 use crate::flags::{PolicyFile, StoreFlag};
@@ -39,7 +40,8 @@ pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml"
 pub(crate) struct ServeArgs {
     #[command(flatten)]
     pub(crate) policy: Option<PolicyFile>,
-    /// Where the HTTP decision API, /metrics, /healthz and /readyz listen.
+    /// Where the HTTP decision API, /metrics, /healthz, /readyz and the
+    /// dashboard (/ui) listen.
     #[arg(long, default_value = "127.0.0.1:8080", env = "SLUICE_HTTP")]
     pub(crate) http: SocketAddr,
     /// Where Envoy's rate limit service (gRPC, RLS v3) listens.
@@ -47,8 +49,9 @@ pub(crate) struct ServeArgs {
     pub(crate) grpc: SocketAddr,
     #[command(flatten)]
     pub(crate) store: StoreFlag,
-    /// The bearer token that admin endpoints (`/v1/reset`) require. Without
-    /// one they are disabled.
+    /// The bearer token that admin endpoints (`/v1/reset`) require; without
+    /// one they are disabled. The dashboard (`/ui`, `/v1/stats`) requires it
+    /// too when it is set.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
     /// How long a request body may take to arrive in full, e.g. `10s`; past
@@ -75,8 +78,11 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     };
     crate::server::runtime()?.block_on(async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
+        let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
+        let policy_file = args.policy.as_ref().map(|f| f.path.clone());
         let state = Arc::new(AppState {
-            enforcer: Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits)),
+            dashboard: Some(Dashboard::start(&enforcer, policy_file)),
+            enforcer,
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),

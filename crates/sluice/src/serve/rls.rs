@@ -46,6 +46,7 @@ use crate::listen::Listener;
 ///     admin_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
+///     dashboard: None,
 /// });
 /// let _server = Rls::new(state).into_server();
 /// ```

@@ -1,13 +1,47 @@
 //! What `serve` and the proxy's admin listener answer alike: `/metrics`,
 //! `/readyz`, and the problem-details body every error of theirs takes.
 
-use axum::http::{HeaderValue, StatusCode, header};
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use base64::Engine;
 use sluice_core::Clock;
 use sluice_http::{PROBLEM_JSON, Problem};
 
 use super::metrics::Metrics;
 use super::store::AnyStore;
+
+/// Whether `headers` carry the admin token `token` as a bearer token, or,
+/// when `basic` allows it, as the password of HTTP basic authentication
+/// (which browsers prompt for; any user name). Compared in constant time,
+/// so that response times say nothing about how much of a guess was right.
+///
+/// Basic authentication suits only what is safe to read: a browser sends
+/// credentials it has cached with requests that other sites make it send.
+pub(crate) fn holds_admin_token(token: &str, headers: &HeaderMap, basic: bool) -> bool {
+    let Some(given) = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return false;
+    };
+    let same = |given: &[u8]| constant_time_eq::constant_time_eq(given, token.as_bytes());
+    if let Some(bearer) = sluice_policy::bearer_token(given) {
+        return same(bearer.as_bytes());
+    }
+    let Some((scheme, encoded)) = given.trim().split_once(' ') else {
+        return false;
+    };
+    if !basic || !scheme.eq_ignore_ascii_case("basic") {
+        return false;
+    }
+    let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(encoded.trim()) else {
+        return false;
+    };
+    decoded
+        .iter()
+        .position(|&b| b == b':')
+        .is_some_and(|colon| same(&decoded[colon + 1..]))
+}
 
 /// A problem-details response.
 pub(crate) fn problem(status: StatusCode, detail: String) -> Response {
@@ -44,22 +78,30 @@ pub(crate) fn metrics_page<C: Clock>(metrics: Option<&Metrics>, store: &AnyStore
         .into_response()
 }
 
-/// Ready when the store answers and the policy in force is the file's.
+/// Ready when the store answers and the policy in force is the file's;
+/// otherwise, why not.
+pub(crate) fn ready<C: Clock>(
+    store: &AnyStore<C>,
+    reload_error: &arc_swap::ArcSwapOption<String>,
+) -> Result<(), String> {
+    if !store.is_ready() {
+        return Err("the store is not answering".into());
+    }
+    if let Some(e) = reload_error.load_full() {
+        return Err(format!(
+            "the last policy reload failed, the previous policy serves: {e}"
+        ));
+    }
+    Ok(())
+}
+
+/// `/readyz`: [`ready`] as a 200 or a 503.
 pub(crate) fn readiness<C: Clock>(
     store: &AnyStore<C>,
     reload_error: &arc_swap::ArcSwapOption<String>,
 ) -> Response {
-    if !store.is_ready() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            "the store is not answering".into(),
-        );
+    match ready(store, reload_error) {
+        Ok(()) => "ready\n".into_response(),
+        Err(why) => problem(StatusCode::SERVICE_UNAVAILABLE, why),
     }
-    if let Some(e) = reload_error.load_full() {
-        return problem(
-            StatusCode::SERVICE_UNAVAILABLE,
-            format!("the last policy reload failed, the previous policy serves: {e}"),
-        );
-    }
-    "ready\n".into_response()
 }

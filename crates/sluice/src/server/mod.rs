@@ -13,7 +13,7 @@ mod store;
 pub use metrics::Metrics;
 pub use store::AnyStore;
 
-pub(crate) use endpoints::{metrics_page, problem, readiness};
+pub(crate) use endpoints::{holds_admin_token, metrics_page, problem, readiness, ready};
 pub(crate) use logs::init_logs;
 pub(crate) use reload::Loaded;
 pub(crate) use signals::{Stop, shutdown_signal};

@@ -99,10 +99,10 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
 }
 
 /// The width of a chart's time bins: the first of 1, 2 and 5 times a power
-/// of ten that makes about a hundred bins across the run, or fewer.
-fn bin_width(calls: &[CallRecord], period: f64) -> f64 {
-    let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
-    let raw = (end / 100.0).max(period / 100.0).max(0.001);
+/// of ten that makes about a hundred bins across the calls, or fewer.
+fn bin_width(calls: &[CallRecord]) -> f64 {
+    let (start, end) = span(calls);
+    let raw = ((end - start) / 100.0).max(0.001);
     // Counted in whole milliseconds, so that 0.05 is 50 / 1000, exactly
     // what a reader expects to see.
     let mut scale: u64 = 1;
@@ -117,23 +117,50 @@ fn bin_width(calls: &[CallRecord], period: f64) -> f64 {
     }
 }
 
-/// Counts per bin of the calls `keep` picks, as points at each bin's start.
+/// The times of the first and the last of `calls` (0 and 0 for none).
+fn span(calls: &[CallRecord]) -> (f64, f64) {
+    let start = calls.iter().map(|c| c.t).fold(f64::INFINITY, f64::min);
+    let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
+    (start.min(end), end)
+}
+
+/// Counts per bin of the calls `keep` picks, from the bin of the first
+/// call to that of the last, as points at each bin's start.
 fn per_bin(
     calls: &[CallRecord],
     width: f64,
     keep: impl Fn(&CallRecord) -> bool,
 ) -> Vec<(f64, f64)> {
-    let end = calls.iter().map(|c| c.t).fold(0.0, f64::max);
-    let bins = (end / width).floor() as usize + 1;
+    let (start, end) = span(calls);
+    let first = (start / width).floor();
+    let bins = ((end / width).floor() - first) as usize + 1;
     let mut counts = vec![0.0; bins];
     for c in calls.iter().filter(|c| keep(c)) {
-        let i = ((c.t / width).floor() as usize).min(bins - 1);
-        counts[i] += 1.0;
+        let i = ((c.t / width).floor() - first) as usize;
+        counts[i.min(bins - 1)] += 1.0;
     }
     counts
         .into_iter()
         .enumerate()
-        .map(|(i, n)| (i as f64 * width, n))
+        .map(|(i, n)| ((first + i as f64) * width, n))
+        .collect()
+}
+
+/// [`per_bin`] added up: from 0 at the start of the first bin, the total
+/// at the end of each.
+fn running_total(
+    calls: &[CallRecord],
+    width: f64,
+    keep: impl Fn(&CallRecord) -> bool,
+) -> Vec<(f64, f64)> {
+    let bins = per_bin(calls, width, keep);
+    let mut total = 0.0;
+    let start = bins.first().map_or(0.0, |&(t, _)| t);
+    std::iter::once((start, 0.0))
+        .chain(bins.into_iter().map(|(t, n)| {
+            total += n;
+            (t + width, total)
+        }))
         .collect()
 }
 
@@ -152,18 +179,20 @@ fn charts(
             })
             .collect()
     };
-    let width = with.first().map_or(1.0, |r| bin_width(&r.calls, s.period));
+    let width = with.first().map_or(1.0, |r| bin_width(&r.calls));
     let mut drawn = vec![
         Figure {
             id: "admitted".to_owned(),
             svg: chart::lines(
-                "Admitted calls over time",
+                "Calls admitted so far",
                 ("seconds", "admitted"),
-                &by_algorithm(&|r| per_bin(&r.calls, width, |c| c.allowed)),
+                &by_algorithm(&|r| running_total(&r.calls, width, |c| c.allowed)),
             )?,
             caption: format!(
-                "Calls admitted every {width} s, by algorithm, at {} per {} s",
-                s.rate, s.period
+                "Calls admitted from the first call on, by algorithm, counted every {width} s; \
+                 the limit is {} per {} s, so a line that climbs more than {} within {} s \
+                 admitted a burst above it",
+                s.rate, s.period, s.rate, s.period
             ),
         },
         Figure {
@@ -200,7 +229,7 @@ fn charts(
         },
     ];
     if let (Some(w), Some(wo)) = (with.first(), without.first()) {
-        let width = bin_width(&w.calls, 1.0).min(1.0);
+        let width = bin_width(&w.calls).min(1.0);
         let herd = [
             Series {
                 name: "with jitter".to_owned(),
@@ -261,13 +290,21 @@ mod tests {
     }
 
     #[test]
-    fn bins_are_round_and_about_a_hundred_across() {
-        assert_eq!(bin_width(&[at(61.0)], 60.0), 1.0);
-        assert_eq!(bin_width(&[at(100.0)], 1.0), 1.0);
-        assert_eq!(bin_width(&[at(150.0)], 1.0), 2.0);
-        assert_eq!(bin_width(&[at(3.0)], 0.01), 0.05);
-        assert_eq!(bin_width(&[], 0.001), 0.001);
+    fn bins_are_round_and_about_a_hundred_across_the_calls() {
+        assert_eq!(bin_width(&[at(0.0), at(100.0)]), 1.0);
+        assert_eq!(bin_width(&[at(0.0), at(150.0)]), 2.0);
+        assert_eq!(bin_width(&[at(0.0), at(3.0)]), 0.05);
+        // Only the span of the calls counts, wherever it starts.
+        assert_eq!(bin_width(&[at(59.0), at(61.0)]), 0.02);
+        assert_eq!(bin_width(&[]), 0.001);
         let points = per_bin(&[at(0.0), at(0.4), at(1.0)], 0.5, |c| c.allowed);
         assert_eq!(points, [(0.0, 2.0), (0.5, 0.0), (1.0, 1.0)]);
+    }
+
+    #[test]
+    fn the_running_total_starts_at_the_first_calls_bin_and_rises_by_each_bin() {
+        let calls = [at(10.1), at(10.4), at(11.2)];
+        let points = running_total(&calls, 0.5, |c| c.allowed);
+        assert_eq!(points, [(10.0, 0.0), (10.5, 2.0), (11.0, 2.0), (11.5, 3.0)]);
     }
 }

@@ -45,6 +45,7 @@ pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeCl
         admin_token: token.map(str::to_owned),
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
+        dashboard: None,
     })
 }
 

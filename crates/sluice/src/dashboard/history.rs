@@ -1,0 +1,120 @@
+//! The last minutes of an enforcer's activity, a sample a second: what the
+//! dashboard draws, and what `/v1/stats` returns.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::SystemTime;
+
+use sluice_engine::{Activity, StoreActivity};
+use sluice_policy::Enforcement;
+
+/// How many seconds of samples are kept: five minutes.
+pub(crate) const SECONDS: usize = 300;
+
+/// What happened in one second.
+#[derive(Debug)]
+pub(crate) struct Second {
+    /// When the second ended.
+    pub(crate) at: SystemTime,
+    /// Each rule's decisions in it, allowed then denied; rules that decided
+    /// nothing are left out.
+    pub(crate) decisions: HashMap<(String, Enforcement), (u64, u64)>,
+    /// The store calls in it.
+    pub(crate) store: StoreActivity,
+}
+
+/// The samples, oldest first, and the reading the next is measured from.
+#[derive(Debug, Default)]
+pub(crate) struct History {
+    pub(crate) seconds: VecDeque<Second>,
+    last: Activity,
+    /// Every rule's totals at the last reading.
+    pub(crate) totals: HashMap<(String, Enforcement), (u64, u64)>,
+}
+
+impl History {
+    /// Takes in a new reading made at `at`: what changed since the last
+    /// one becomes the newest second, and the oldest beyond [`SECONDS`] is
+    /// dropped.
+    pub(crate) fn push(&mut self, now: Activity, at: SystemTime) {
+        let mut decisions = HashMap::new();
+        let mut totals = HashMap::with_capacity(now.rules.len());
+        for r in &now.rules {
+            let id = (r.rule.clone(), r.mode);
+            let (allowed, denied) = self.totals.get(&id).copied().unwrap_or_default();
+            let delta = (
+                r.allowed.saturating_sub(allowed),
+                r.denied.saturating_sub(denied),
+            );
+            if delta != (0, 0) {
+                decisions.insert(id.clone(), delta);
+            }
+            totals.insert(id, (r.allowed, r.denied));
+        }
+        let store = now.store.since(&self.last.store);
+        self.totals = totals;
+        self.last = now;
+        self.seconds.push_back(Second {
+            at,
+            decisions,
+            store,
+        });
+        while self.seconds.len() > SECONDS {
+            self.seconds.pop_front();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sluice_engine::RuleActivity;
+    use std::time::Duration;
+
+    fn reading(allowed: u64, denied: u64) -> Activity {
+        Activity {
+            rules: vec![RuleActivity {
+                rule: "per-ip".into(),
+                mode: Enforcement::Enforce,
+                allowed,
+                denied,
+            }],
+            store: StoreActivity::default(),
+        }
+    }
+
+    #[test]
+    fn each_second_holds_what_changed_since_the_one_before() {
+        let mut h = History::default();
+        let t = SystemTime::UNIX_EPOCH;
+        h.push(reading(5, 1), t);
+        h.push(reading(5, 1), t + Duration::from_secs(1));
+        h.push(reading(12, 4), t + Duration::from_secs(2));
+        let per_second: Vec<Option<(u64, u64)>> = h
+            .seconds
+            .iter()
+            .map(|s| {
+                s.decisions
+                    .get(&("per-ip".into(), Enforcement::Enforce))
+                    .copied()
+            })
+            .collect();
+        assert_eq!(per_second, [Some((5, 1)), None, Some((7, 3))]);
+    }
+
+    #[test]
+    fn no_more_than_five_minutes_of_seconds_are_kept() {
+        let mut h = History::default();
+        for i in 0..SECONDS as u64 + 50 {
+            h.push(
+                reading(i, 0),
+                SystemTime::UNIX_EPOCH + Duration::from_secs(i),
+            );
+        }
+        assert_eq!(h.seconds.len(), SECONDS);
+        let first = h.seconds[0]
+            .at
+            .duration_since(SystemTime::UNIX_EPOCH)
+            .unwrap();
+        assert_eq!(first, Duration::from_secs(50));
+    }
+}
