@@ -26,7 +26,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Case, KEY_COUNTS, Sides, keys, timed};
+use common::{Case, Fill, KEY_COUNTS, Sides, Walk, keys, timed_walk};
 use sluice_core::{Limit, MemoryStore, Mode, Nanos, Op, SlidingLog, SlidingWindow};
 
 fn setting(name: &str, default: u64) -> u64 {
@@ -66,11 +66,13 @@ struct Pair {
     hi: f64,
 }
 
-/// Times `a` and `b` over `keys` on `threads` threads in alternating slices
-/// of the same number of decisions, the side that goes first alternating.
+/// Times `a` and `b` over `keys`, visited as `walk` says, on `threads`
+/// threads in alternating slices of the same number of decisions, the side
+/// that goes first alternating.
 fn pair<A, B>(
     timing: &Timing,
     keys: &[String],
+    walk: &Walk,
     threads: usize,
     a: &(impl Fn(&String) -> A + Sync),
     b: &(impl Fn(&String) -> B + Sync),
@@ -78,18 +80,20 @@ fn pair<A, B>(
     let (mut at_a, mut at_b) = (0, 0);
     // Size a slice by the slower side, from a first pass of each (which
     // also warms both up).
-    let probe = keys.len().clamp(10_000, 100_000);
-    let per = ns_per(timed(keys, &mut at_a, probe, threads, a), probe)
-        .max(ns_per(timed(keys, &mut at_b, probe, threads, b), probe));
+    let probe = walk.visits.len().clamp(10_000, 100_000);
+    let per = ns_per(timed_walk(keys, walk, &mut at_a, probe, threads, a), probe).max(ns_per(
+        timed_walk(keys, walk, &mut at_b, probe, threads, b),
+        probe,
+    ));
     let iters = ((timing.slice.as_secs_f64() * 1e9 / per) as usize).max(threads);
     let (mut a_ns, mut b_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for round in 0..timing.rounds {
         let (ta, tb) = if round % 2 == 0 {
-            let ta = timed(keys, &mut at_a, iters, threads, a);
-            (ta, timed(keys, &mut at_b, iters, threads, b))
+            let ta = timed_walk(keys, walk, &mut at_a, iters, threads, a);
+            (ta, timed_walk(keys, walk, &mut at_b, iters, threads, b))
         } else {
-            let tb = timed(keys, &mut at_b, iters, threads, b);
-            (timed(keys, &mut at_a, iters, threads, a), tb)
+            let tb = timed_walk(keys, walk, &mut at_b, iters, threads, b);
+            (timed_walk(keys, walk, &mut at_a, iters, threads, a), tb)
         };
         a_ns.push(ns_per(ta, iters));
         b_ns.push(ns_per(tb, iters));
@@ -127,19 +131,88 @@ fn main() {
     assert!(measured > 0, "no case matches SLUICE_PAIRED_ONLY={only:?}");
 }
 
-/// The token bucket against governor; returns the cases measured.
+/// A traffic shape: how the keys are first decided and then visited.
+struct Shape {
+    /// The prefix of its cases' names; empty for the shuffled walk.
+    prefix: &'static str,
+    fill: Fill,
+    /// The key counts (names from `KEY_COUNTS`) and thread counts it runs.
+    keys: &'static [&'static str],
+    threads: &'static [usize],
+    walk: fn(n: usize, threads: usize) -> Walk,
+}
+
+/// The shapes measured against governor:
+/// - the shuffled walk: keys first decided in an order unrelated to the
+///   one they are visited in, threads half a lap apart;
+/// - `inserted:` keys visited in the order they were first decided, so
+///   that governor's copies of them lie in memory in visiting order;
+/// - `near:` two threads walking the same keys four apart, so that they
+///   meet on the same stripes and cache lines;
+/// - `zipf:` 4M visits drawn from a Zipf distribution (s = 1.1) over 1M
+///   keys, as real traffic comes.
+const SHAPES: [Shape; 4] = [
+    Shape {
+        prefix: "",
+        fill: Fill::Shuffled,
+        keys: &["1keys", "100kkeys", "1Mkeys"],
+        threads: &[1, 2],
+        walk: Walk::apart,
+    },
+    Shape {
+        prefix: "inserted:",
+        fill: Fill::AsVisited,
+        keys: &["100kkeys", "1Mkeys"],
+        threads: &[1, 2],
+        walk: Walk::apart,
+    },
+    Shape {
+        prefix: "near:",
+        fill: Fill::Shuffled,
+        keys: &["100kkeys", "1Mkeys"],
+        threads: &[2],
+        walk: |n, _| Walk::near(n, 4),
+    },
+    Shape {
+        prefix: "zipf:",
+        fill: Fill::Shuffled,
+        keys: &["1Mkeys"],
+        threads: &[1, 2],
+        walk: |n, threads| Walk::zipf(n, 1.1, 1 << 22, threads),
+    },
+];
+
+/// The token bucket against governor, in every shape; returns the cases
+/// measured.
 fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
-    let name =
-        |case: Case, keys: &str, threads: usize| format!("{}/{keys}/{threads}threads", case.name());
-    if !KEY_COUNTS.iter().any(|&(k, _)| {
-        Case::ALL
-            .iter()
-            .any(|&c| [1, 2].iter().any(|&t| wanted(&name(c, k, t))))
-    }) {
+    let name = |shape: &Shape, case: Case, keys: &str, threads: usize| {
+        format!("{}{}/{keys}/{threads}threads", shape.prefix, case.name())
+    };
+    // Every case wanted, in order: (key count, fill) groups share the
+    // filled stores.
+    let mut cases = Vec::new();
+    for (keys_name, n) in KEY_COUNTS {
+        for fill in [Fill::Shuffled, Fill::AsVisited] {
+            for case in Case::ALL {
+                for shape in SHAPES
+                    .iter()
+                    .filter(|s| s.fill == fill && s.keys.contains(&keys_name))
+                {
+                    for &threads in shape.threads {
+                        let id = name(shape, case, keys_name, threads);
+                        if wanted(&id) {
+                            cases.push((n, fill, case, shape, threads, id));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    if cases.is_empty() {
         return 0;
     }
     println!(
-        "{:<34} {:>12} {:>12} {:>7}  rounds' ratios ({} rounds of {} ms slices)",
+        "{:<40} {:>12} {:>12} {:>7}  rounds' ratios ({} rounds of {} ms slices)",
         "case",
         "sluice",
         "governor",
@@ -147,38 +220,35 @@ fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
         timing.rounds,
         timing.slice.as_millis()
     );
-    let mut measured = 0;
-    for (keys_name, n) in KEY_COUNTS {
-        if !Case::ALL
-            .iter()
-            .any(|&c| [1, 2].iter().any(|&t| wanted(&name(c, keys_name, t))))
-        {
-            continue;
+    let mut filled: Option<(usize, Fill, usize, Vec<String>, Sides)> = None;
+    for (n, fill, case, shape, threads, id) in &cases {
+        let same = |f: &(usize, Fill, usize, Vec<String>, Sides)| {
+            f.0 == *n && f.1 == *fill && f.2 == *case as usize
+        };
+        if !filled.as_ref().is_some_and(same) {
+            // The old stores go first: two at a million keys are a lot.
+            drop(filled.take());
+            let keys = keys(*n);
+            let sides = Sides::filled_in(*case, &keys, *fill);
+            filled = Some((*n, *fill, *case as usize, keys, sides));
         }
-        let keys = keys(n);
-        for case in Case::ALL {
-            let names = [1usize, 2].map(|t| name(case, keys_name, t));
-            if !names.iter().any(|n| wanted(n)) {
-                continue;
-            }
-            let sides = Sides::filled(case, &keys);
-            let sluice = |k: &String| sides.sluice(k);
-            let governor = |k: &String| sides.governor(k);
-            for (threads, name) in [1usize, 2].into_iter().zip(names) {
-                if !wanted(&name) {
-                    continue;
-                }
-                // The ratio is governor's time over sluice's.
-                let p = pair(timing, &keys, threads, &sluice, &governor);
-                println!(
-                    "{name:<34} {:>9.1} ns {:>9.1} ns {:>7.2}  {:.2}–{:.2}",
-                    p.a_ns, p.b_ns, p.ratio, p.lo, p.hi,
-                );
-                measured += 1;
-            }
-        }
+        let (_, _, _, keys, sides) = filled.as_ref().unwrap();
+        let walk = (shape.walk)(*n, *threads);
+        // The ratio is governor's time over sluice's.
+        let p = pair(
+            timing,
+            keys,
+            &walk,
+            *threads,
+            &|k: &String| sides.sluice(k),
+            &|k: &String| sides.governor(k),
+        );
+        println!(
+            "{id:<40} {:>9.1} ns {:>9.1} ns {:>7.2}  {:.2}–{:.2}",
+            p.a_ns, p.b_ns, p.ratio, p.lo, p.hi,
+        );
     }
-    measured
+    cases.len()
 }
 
 /// One limit in a memory store of its own, every key decided once.
@@ -268,6 +338,7 @@ fn against_the_bucket(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize 
             let p = pair(
                 timing,
                 &keys,
+                &Walk::apart(keys.len(), 1),
                 1,
                 &|k: &String| bucket.decide(k),
                 &|k: &String| other.decide(k),

@@ -18,8 +18,14 @@ const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// Starts `sluice bench baseline` on a free port and returns it with the
 /// address it printed.
 fn baseline() -> (Server, SocketAddr) {
+    bare("baseline")
+}
+
+/// Starts the bare server `sluice bench <kind>` on a free port and returns
+/// it with the address it printed.
+fn bare(kind: &str) -> (Server, SocketAddr) {
     let mut child = Command::new(BIN)
-        .args(["bench", "baseline", "--listen", "127.0.0.1:0"])
+        .args(["bench", kind, "--listen", "127.0.0.1:0"])
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -233,6 +239,28 @@ fn grpc_against_serve_counts_over_limit() {
     assert_eq!(ok + over, requests, "{j}");
     assert_eq!(count(&j, "unknown") + count(&j, "errors"), 0, "{j}");
     assert_eq!(j["connections"], 2);
+    assert_percentiles_ordered(&j);
+}
+
+#[test]
+fn grpc_against_the_rls_baseline_is_all_ok() {
+    let (_server, addr) = bare("rls-baseline");
+    let j = quick_json(
+        "grpc",
+        &addr.to_string(),
+        "1",
+        &[
+            "--concurrency",
+            "4",
+            "--keys",
+            "3",
+            "--descriptor",
+            "user={key}",
+        ],
+    );
+    let requests = j["requests"].as_u64().unwrap();
+    assert!(requests > 0, "{j}");
+    assert_eq!(count(&j, "ok"), requests, "{j}");
     assert_percentiles_ordered(&j);
 }
 

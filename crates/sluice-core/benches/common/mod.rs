@@ -1,6 +1,9 @@
 //! What the keyed benchmarks share: the quota of each mode for both
 //! limiters, the keys, filling the stores, and the timing loop.
 
+// Each benchmark uses its own subset.
+#![allow(dead_code)]
+
 use std::hint::black_box;
 use std::num::NonZeroU32;
 use std::thread;
@@ -66,6 +69,63 @@ pub(crate) fn keys(n: usize) -> Vec<String> {
     ids.into_iter().map(|i| format!("user:{i:08}")).collect()
 }
 
+/// How the keys are visited: in which order, and how far apart threads
+/// start.
+pub(crate) struct Walk {
+    /// Indices into the keys, in the order they are visited, round and
+    /// round.
+    pub(crate) visits: Vec<u32>,
+    /// How many visits apart threads start.
+    pub(crate) gap: usize,
+}
+
+impl Walk {
+    /// Every key once a lap, in the keys' order, threads an equal share of
+    /// the lap apart: they meet no key at the same time.
+    pub(crate) fn apart(n: usize, threads: usize) -> Walk {
+        Walk {
+            visits: (0..n as u32).collect(),
+            gap: n / threads.max(1),
+        }
+    }
+
+    /// Every key once a lap, threads `gap` keys apart: each visits a key
+    /// just after the other did, so both work on the same lock stripes and
+    /// cache lines.
+    pub(crate) fn near(n: usize, gap: usize) -> Walk {
+        Walk {
+            visits: (0..n as u32).collect(),
+            gap: gap.min(n.saturating_sub(1)),
+        }
+    }
+
+    /// `len` visits drawn from a Zipf distribution of exponent `s` over `n`
+    /// keys (fixed seed), as real traffic comes: a few keys take most
+    /// calls, and a long tail is seldom seen. Threads start half the
+    /// visits apart.
+    pub(crate) fn zipf(n: usize, s: f64, len: usize, threads: usize) -> Walk {
+        use rand::{Rng, SeedableRng};
+        let zipf = rand_distr::Zipf::new(n as f64, s).unwrap();
+        let mut rng = rand::rngs::StdRng::seed_from_u64(0x21DF);
+        Walk {
+            // Ranks start at 1; the key of rank r is keys[r - 1], which
+            // `keys` placed at random among the ids.
+            visits: (0..len).map(|_| rng.sample(zipf) as u32 - 1).collect(),
+            gap: len / threads.max(1),
+        }
+    }
+}
+
+/// In which order the keys are first decided, which for governor is the
+/// order its map's copies of the keys are laid out in memory.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Fill {
+    /// An order unrelated to the visiting order.
+    Shuffled,
+    /// The order they are then visited in.
+    AsVisited,
+}
+
 /// Both limiters of one case, each holding every key.
 pub(crate) struct Sides {
     store: MemoryStore,
@@ -80,13 +140,20 @@ impl Sides {
     /// the benchmark then reads them); checks that a further call decides
     /// as `case` says every timed call will.
     pub(crate) fn filled(case: Case, keys: &[String]) -> Sides {
+        Sides::filled_in(case, keys, Fill::Shuffled)
+    }
+
+    /// [`Sides::filled`], deciding the keys first in the order `fill` says.
+    pub(crate) fn filled_in(case: Case, keys: &[String], fill: Fill) -> Sides {
         let sides = Sides {
             store: MemoryStore::new(),
             limit: case.sluice(),
             governor: RateLimiter::keyed(case.governor()),
         };
         let mut order: Vec<&String> = keys.iter().collect();
-        fastrand::Rng::with_seed(0xF111u64).shuffle(&mut order);
+        if fill == Fill::Shuffled {
+            fastrand::Rng::with_seed(0xF111u64).shuffle(&mut order);
+        }
         for k in order {
             assert!(
                 sides.sluice(k).unwrap().allowed,
@@ -128,13 +195,34 @@ pub(crate) fn timed<R>(
     threads: usize,
     decide: &(impl Fn(&String) -> R + Sync),
 ) -> Duration {
-    let n = keys.len();
+    timed_walk(
+        keys,
+        &Walk::apart(keys.len(), threads),
+        cursor,
+        iters,
+        threads,
+        decide,
+    )
+}
+
+/// [`timed`], visiting the keys as `walk` says: thread `t` starts `t *
+/// walk.gap` visits after the cursor.
+pub(crate) fn timed_walk<R>(
+    keys: &[String],
+    walk: &Walk,
+    cursor: &mut usize,
+    iters: usize,
+    threads: usize,
+    decide: &(impl Fn(&String) -> R + Sync),
+) -> Duration {
+    let visits = &walk.visits;
+    let n = visits.len();
     let start_at = *cursor;
     *cursor = (*cursor + iters / threads) % n;
     let run = move |from: usize, count: usize| {
         let mut i = from;
         for _ in 0..count {
-            black_box(decide(black_box(&keys[i])));
+            black_box(decide(black_box(&keys[visits[i] as usize])));
             i += 1;
             if i == n {
                 i = 0;
@@ -155,7 +243,7 @@ pub(crate) fn timed<R>(
             } else {
                 per
             };
-            let from = (start_at + t * (n / threads)) % n;
+            let from = (start_at + t * walk.gap) % n;
             s.spawn(move || run(from, count));
         }
     });

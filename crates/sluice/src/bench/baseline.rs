@@ -10,11 +10,9 @@
 //! call, the limiter and serializing the answer.
 
 use std::convert::Infallible;
-use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use bytes::Bytes;
 use clap::Args;
 use http::header::{CONTENT_TYPE, HeaderValue};
@@ -24,7 +22,6 @@ use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
-use tokio::net::TcpListener;
 
 /// The answer to every request: an allowed `/v1/limit` decision.
 const ANSWER: &str = r#"{"allowed":true,"limit":20,"remaining":19,"retry_after":null,"reset":0.3}"#;
@@ -47,14 +44,7 @@ pub(super) struct BaselineArgs {
 /// up, so the default action is right).
 pub(super) fn run(args: &BaselineArgs) -> anyhow::Result<()> {
     super::runtime(None)?.block_on(async {
-        let listener = TcpListener::bind(args.listen)
-            .await
-            .with_context(|| format!("cannot listen on {}", args.listen))?;
-        let addr = listener.local_addr()?;
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "{addr}")?;
-        out.flush()?;
-        drop(out);
+        let listener = super::announce(args.listen).await?;
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let stream = match listener.accept().await {

@@ -16,6 +16,7 @@ mod baseline;
 mod grpc;
 mod http;
 mod report;
+mod rls_baseline;
 mod template;
 
 use std::io::{IsTerminal, Write};
@@ -50,6 +51,11 @@ enum BenchCommand {
     /// for `sluice proxy`.
     #[command(hide = true)]
     Baseline(baseline::BaselineArgs),
+    /// A bare tonic server answering every Envoy `ShouldRateLimit` with
+    /// OK: the baseline `sluice serve`'s rate limit service is compared
+    /// with.
+    #[command(hide = true)]
+    RlsBaseline(rls_baseline::RlsBaselineArgs),
 }
 
 /// The options every load run has.
@@ -199,7 +205,20 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
         BenchCommand::Http(a) => runtime(a.load.threads)?.block_on(http::run(&a)),
         BenchCommand::Grpc(a) => runtime(a.load.threads)?.block_on(grpc::run(&a)),
         BenchCommand::Baseline(a) => baseline::run(&a),
+        BenchCommand::RlsBaseline(a) => rls_baseline::run(&a),
     }
+}
+
+/// Binds a baseline server's listener and prints the address it got on
+/// standard output, for the script that started it (port 0 picks one).
+async fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{}", listener.local_addr()?)?;
+    out.flush()?;
+    Ok(listener)
 }
 
 fn runtime(threads: Option<u32>) -> anyhow::Result<tokio::runtime::Runtime> {

@@ -20,6 +20,7 @@ use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 pub use api::{Api, AppState, MAX_BODY, app, paths};
+pub(crate) use rls::grpc_server;
 pub use rls::{Rls, serve_grpc};
 // What an `AppState` is made of, so that one can be built from here alone.
 pub use crate::dashboard::Dashboard;

@@ -85,10 +85,7 @@ pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
 ) -> anyhow::Result<()> {
     let (incoming, drain) = listener.incoming();
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tonic::transport::Server::builder()
-        .timeout(call_timeout)
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+    let server = grpc_server(call_timeout)
         .add_service(Rls::new(state).into_server())
         .serve_with_incoming_shutdown(incoming, async move {
             stop.await;
@@ -107,6 +104,16 @@ pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
         })
         .await;
     failed.map_or(Ok(()), |e| Err(grpc_failed(e)))
+}
+
+/// The gRPC server RLS runs on, before its service is added: also the
+/// floor that `sluice bench rls-baseline` serves, so that the two differ
+/// only in the service.
+pub(crate) fn grpc_server(call_timeout: Duration) -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        .timeout(call_timeout)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
 fn grpc_failed(e: tonic::transport::Error) -> anyhow::Error {

@@ -1,0 +1,72 @@
+//! `sluice bench rls-baseline`: the fastest Envoy rate limit service the
+//! gRPC stack allows, for `sluice serve`'s RLS to be measured against, as
+//! `sluice bench baseline` is for its HTTP API.
+//!
+//! It runs what `sluice serve` runs for RLS (tonic's server with the same
+//! call timeout and HTTP/2 keep-alive, on tokio's multi-thread runtime) and
+//! answers every `ShouldRateLimit` with `OK` and one `OK` status per
+//! descriptor, without deciding anything. The difference between the two
+//! is then what a decision costs: matching the rules, the limiter, and the
+//! statuses and headers of the answer.
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
+    RateLimitService, RateLimitServiceServer,
+};
+use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
+use tonic::transport::server::TcpIncoming;
+use tonic::{Request, Response, Status};
+
+/// Arguments of `sluice bench rls-baseline`.
+#[derive(Debug, Args)]
+pub(super) struct RlsBaselineArgs {
+    /// Where to listen; port 0 picks a free one. The address bound is
+    /// printed on standard output once the server accepts connections.
+    #[arg(long, default_value = "127.0.0.1:8091")]
+    listen: SocketAddr,
+}
+
+/// Answers every call with `OK`.
+struct AlwaysOk;
+
+#[tonic::async_trait]
+impl RateLimitService for AlwaysOk {
+    async fn should_rate_limit(
+        &self,
+        request: Request<RateLimitRequest>,
+    ) -> Result<Response<RateLimitResponse>, Status> {
+        let statuses = request
+            .into_inner()
+            .descriptors
+            .iter()
+            .map(|_| DescriptorStatus {
+                code: Code::Ok.into(),
+                ..DescriptorStatus::default()
+            })
+            .collect();
+        Ok(Response::new(RateLimitResponse {
+            overall_code: Code::Ok.into(),
+            statuses,
+            ..RateLimitResponse::default()
+        }))
+    }
+}
+
+/// Serves until the process is stopped (SIGTERM, SIGINT: nothing to clean
+/// up, so the default action is right).
+pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
+    super::runtime(None)?.block_on(async {
+        let listener = super::announce(args.listen).await?;
+        // `sluice serve`'s server, with its default call timeout.
+        crate::serve::grpc_server(Duration::from_secs(10))
+            .add_service(RateLimitServiceServer::new(AlwaysOk))
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .context("the gRPC server failed")
+    })
+}
