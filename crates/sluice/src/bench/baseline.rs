@@ -3,8 +3,9 @@
 //! `sluice proxy`.
 //!
 //! It runs what `sluice serve` runs under its router (tokio's multi-thread
-//! runtime, hyper-util's HTTP/1 + HTTP/2 auto builder, and, as `axum::serve`
-//! does, no `TCP_NODELAY`) and answers every request, whatever its method and
+//! runtime, hyper-util's HTTP/1 + HTTP/2 auto builder, and connections with
+//! `TCP_NODELAY`, as serve's listener sets them) and answers every request,
+//! whatever its method and
 //! path, with a fixed body shaped like `/v1/limit`'s answer. The difference
 //! between the two is then what a decision costs: routing, parsing the
 //! call, the limiter and serializing the answer.
@@ -48,7 +49,10 @@ pub(super) fn run(args: &BaselineArgs) -> anyhow::Result<()> {
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let stream = match listener.accept().await {
-                Ok((stream, _)) => stream,
+                Ok((stream, _)) => {
+                    let _ = stream.set_nodelay(true);
+                    stream
+                }
                 Err(e) => {
                     // Out of file descriptors, most likely: wait for
                     // connections to close rather than spin.

@@ -3,7 +3,8 @@
 //! `sluice bench baseline` is for its HTTP API.
 //!
 //! It runs what `sluice serve` runs for RLS (tonic's server with the same
-//! call timeout and HTTP/2 keep-alive, on tokio's multi-thread runtime) and
+//! call timeout and HTTP/2 keep-alive, on tokio's multi-thread runtime,
+//! its connections with `TCP_NODELAY` as serve's listener sets them) and
 //! answers every `ShouldRateLimit` with `OK` and one `OK` status per
 //! descriptor, without deciding anything. The difference between the two
 //! is then what a decision costs: matching the rules, the limiter, and the
@@ -65,7 +66,8 @@ pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
         // `sluice serve`'s server, with its default call timeout.
         crate::serve::grpc_server(Duration::from_secs(10))
             .add_service(RateLimitServiceServer::new(AlwaysOk))
-            .serve_with_incoming(TcpIncoming::from(listener))
+            // As serve's listener sets its connections.
+            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
             .await
             .context("the gRPC server failed")
     })
