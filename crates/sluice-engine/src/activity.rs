@@ -20,13 +20,17 @@ pub(crate) fn latency_bucket(nanos: u64) -> usize {
     (octave * 4 + quarter).min(LATENCY_BUCKETS - 1)
 }
 
-/// The largest duration, in nanoseconds, that bucket `i` counts.
+/// The largest duration, in nanoseconds, that bucket `i` counts. Buckets 4
+/// to 7 count nothing ([`latency_bucket`] puts 4 ns in bucket 8); read as
+/// 3 ns, they keep the ceilings in order.
 fn bucket_ceiling(i: usize) -> u64 {
-    if i < 4 {
-        return i as u64;
+    if i < 8 {
+        return i.min(3) as u64;
     }
-    let (octave, quarter) = (i / 4, (i % 4) as u64);
-    ((4 + quarter + 1) << (octave - 2)).saturating_sub(1)
+    let (octave, quarter) = (i / 4, (i % 4) as u128);
+    // In u128: the top bucket's bound is 2^64.
+    let ceiling = ((5 + quarter) << (octave - 2)) - 1;
+    u64::try_from(ceiling).unwrap_or(u64::MAX)
 }
 
 /// Running totals of one enforcer, since it was made.
@@ -133,6 +137,18 @@ mod tests {
             prop_assert!(i == 0 || bucket_ceiling(i - 1) < nanos);
             prop_assert!(bucket_ceiling(i) as f64 <= nanos as f64 * 1.25 + 1.0);
         }
+    }
+
+    #[test]
+    fn the_smallest_and_largest_durations_have_buckets_with_ceilings_in_order() {
+        for nanos in (0..=64).chain([u64::MAX / 2, u64::MAX - 1, u64::MAX]) {
+            let i = latency_bucket(nanos);
+            assert!(bucket_ceiling(i) >= nanos, "{nanos} in {i}");
+            assert!(i == 0 || bucket_ceiling(i - 1) < nanos, "{nanos} in {i}");
+        }
+        let ceilings: Vec<u64> = (0..LATENCY_BUCKETS).map(bucket_ceiling).collect();
+        assert!(ceilings.windows(2).all(|w| w[0] <= w[1]));
+        assert_eq!(ceilings[LATENCY_BUCKETS - 1], u64::MAX);
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Meters {
             m.tally[i].fetch_add(1, Ordering::Relaxed);
         };
         if !allowed && let Some(top) = self.top_keys.get() {
-            top.record(rule, key);
+            top.record(rule, mode, key);
         }
         if let Ok(m) = self.decisions.read()
             && let Some(m) = m.get(rule)

@@ -15,6 +15,7 @@ use std::collections::{HashMap, VecDeque};
 use std::hash::BuildHasher;
 
 use parking_lot::Mutex;
+use sluice_policy::Enforcement;
 
 /// How many stripes the summary is split into.
 const STRIPES: usize = 16;
@@ -33,6 +34,8 @@ pub const MINUTES: usize = 5;
 pub struct TopKey {
     /// The rule or named limit that denied it.
     pub rule: String,
+    /// Whether the rule enforced the denial or only reported it.
+    pub mode: Enforcement,
     /// The key, cut to [`MAX_KEY_BYTES`].
     pub key: String,
     /// Denials counted over the minutes kept: at least the true number,
@@ -46,6 +49,7 @@ pub struct TopKey {
 #[derive(Debug)]
 struct Counter {
     rule: Box<str>,
+    mode: Enforcement,
     key: Box<str>,
     count: u64,
     overcount: u64,
@@ -67,10 +71,11 @@ struct Stripe {
 ///
 /// ```
 /// use sluice_engine::TopKeys;
+/// use sluice_policy::Enforcement::Enforce;
 /// let top = TopKeys::default();
 /// for i in 0..1_000 {
-///     top.record("per-ip", "203.0.113.9");
-///     top.record("per-ip", &format!("client-{i}"));
+///     top.record("per-ip", Enforce, "203.0.113.9");
+///     top.record("per-ip", Enforce, &format!("client-{i}"));
 /// }
 /// let first = &top.top(1)[0];
 /// assert_eq!((first.key.as_str(), first.rule.as_str()), ("203.0.113.9", "per-ip"));
@@ -96,14 +101,18 @@ impl TopKeys {
     /// The most counters the summary ever holds, over all minutes.
     pub const CAPACITY: usize = STRIPES * PER_STRIPE * MINUTES;
 
-    /// Counts one denial of `key` by `rule`.
-    pub fn record(&self, rule: &str, key: &str) {
+    /// Counts one denial of `key` by `rule` in `mode`; keys longer than
+    /// [`MAX_KEY_BYTES`] are counted by their first bytes. Never waits: a
+    /// denial that finds its stripe busy is left out.
+    pub fn record(&self, rule: &str, mode: Enforcement, key: &str) {
         let key = cut(key);
-        let hash = self.hasher.hash_one((rule, key));
+        let hash = self.hasher.hash_one((rule, mode, key));
         // The high bits pick the stripe; the table hashes the whole value
         // again, so the two do not correlate.
         let stripe = (hash >> 60) as usize % STRIPES;
-        let mut stripe = self.stripes[stripe].lock();
+        let Some(mut stripe) = self.stripes[stripe].try_lock() else {
+            return;
+        };
         let table = &mut stripe.current;
         if let Some(c) = table.get_mut(&hash) {
             c.count += 1;
@@ -124,6 +133,7 @@ impl TopKeys {
             hash,
             Counter {
                 rule: rule.into(),
+                mode,
                 key: key.into(),
                 count,
                 overcount,
@@ -150,6 +160,7 @@ impl TopKeys {
                 for (&hash, c) in table {
                     let e = merged.entry(hash).or_insert_with(|| TopKey {
                         rule: c.rule.to_string(),
+                        mode: c.mode,
                         key: c.key.to_string(),
                         denied: 0,
                         overcount: 0,
@@ -160,7 +171,14 @@ impl TopKeys {
             }
         }
         let mut all: Vec<TopKey> = merged.into_values().collect();
-        all.sort_unstable_by(|a, b| (b.denied, &a.rule, &a.key).cmp(&(a.denied, &b.rule, &b.key)));
+        all.sort_unstable_by(|a, b| {
+            (b.denied, &a.rule, a.mode.as_str(), &a.key).cmp(&(
+                a.denied,
+                &b.rule,
+                b.mode.as_str(),
+                &b.key,
+            ))
+        });
         all.truncate(n);
         all
     }
@@ -199,14 +217,15 @@ fn cut(key: &str) -> &str {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    use sluice_policy::Enforcement::{Enforce, Shadow};
 
     #[test]
     fn a_flood_of_a_million_distinct_keys_keeps_the_summary_bounded_and_the_heavy_key_on_top() {
         let top = TopKeys::default();
         for i in 0..1_000_000u32 {
-            top.record("per-ip", &format!("flood-{i}"));
+            top.record("per-ip", Enforce, &format!("flood-{i}"));
             if i % 100 == 0 {
-                top.record("per-ip", "heavy");
+                top.record("per-ip", Enforce, "heavy");
             }
         }
         assert!(top.len() <= STRIPES * PER_STRIPE, "{}", top.len());
@@ -219,7 +238,7 @@ mod tests {
     fn a_key_longer_than_the_bound_is_cut_at_a_character_boundary() {
         let top = TopKeys::default();
         let long = "é".repeat(1_000);
-        top.record("r", &long);
+        top.record("r", Enforce, &long);
         let kept = &top.top(1)[0].key;
         assert!(kept.len() <= MAX_KEY_BYTES && long.starts_with(kept.as_str()));
         assert_eq!(kept.len(), MAX_KEY_BYTES);
@@ -228,7 +247,7 @@ mod tests {
     #[test]
     fn rotation_forgets_a_key_after_the_minutes_kept() {
         let top = TopKeys::default();
-        top.record("r", "old");
+        top.record("r", Enforce, "old");
         for _ in 0..MINUTES - 1 {
             top.rotate();
         }
@@ -239,13 +258,25 @@ mod tests {
     }
 
     #[test]
-    fn the_same_key_under_two_rules_is_counted_apart() {
+    fn the_same_key_under_two_rules_or_two_modes_is_counted_apart() {
         let top = TopKeys::default();
-        top.record("a", "k");
-        top.record("a", "k");
-        top.record("b", "k");
-        let got: Vec<(String, u64)> = top.top(5).into_iter().map(|t| (t.rule, t.denied)).collect();
-        assert_eq!(got, [("a".to_owned(), 2), ("b".to_owned(), 1)]);
+        top.record("a", Enforce, "k");
+        top.record("a", Enforce, "k");
+        top.record("b", Enforce, "k");
+        top.record("b", Shadow, "k");
+        let got: Vec<(String, Enforcement, u64)> = top
+            .top(5)
+            .into_iter()
+            .map(|t| (t.rule, t.mode, t.denied))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                ("a".to_owned(), Enforce, 2),
+                ("b".to_owned(), Enforce, 1),
+                ("b".to_owned(), Shadow, 1)
+            ]
+        );
     }
 
     proptest! {
@@ -255,13 +286,13 @@ mod tests {
         /// in its stripe is held.
         #[test]
         fn reported_counts_bound_the_true_counts(
-            keys in proptest::collection::vec(0u16..400, 1..3_000),
+            keys in proptest::collection::vec(0u16..5_000, 1..6_000),
         ) {
             let top = TopKeys::default();
             let mut exact: HashMap<String, u64> = HashMap::new();
             for k in &keys {
                 let key = format!("k{k}");
-                top.record("r", &key);
+                top.record("r", Enforce, &key);
                 *exact.entry(key).or_default() += 1;
             }
             let reported = top.top(usize::MAX);

@@ -85,7 +85,7 @@ fn a_million_distinct_denied_keys_grow_the_heap_by_less_than_a_megabyte_after_th
 #[test]
 fn the_summary_of_denied_keys_holds_its_size_through_a_million_distinct_keys() {
     let top = TopKeys::default();
-    let live_at = flood(|key| top.record("flood", key));
+    let live_at = flood(|key| top.record("flood", sluice_policy::Enforcement::Enforce, key));
     // Every key is as long as every other, so a full summary's size is
     // fixed to the byte.
     assert!(live_at.iter().all(|&l| l == live_at[0]), "{live_at:?}");

@@ -242,12 +242,16 @@ async fn the_dashboard_shows_its_counters_rising_while_load_runs() {
 
     let profile = tempfile::tempdir().unwrap();
     let ui = format!("{base}/ui");
+    // Chromium runs for seconds: off the runtime's workers, so that the
+    // load keeps going meanwhile.
     let dump = || {
-        headless(
-            profile.path(),
-            &["--virtual-time-budget=2500", "--dump-dom"],
-            &ui,
-        )
+        tokio::task::block_in_place(|| {
+            headless(
+                profile.path(),
+                &["--virtual-time-budget=2500", "--dump-dom"],
+                &ui,
+            )
+        })
     };
     let total = |dom: &str| -> u64 {
         attribute(dom, "total-decisions", "data-value")
@@ -281,7 +285,7 @@ async fn the_dashboard_shows_its_counters_rising_while_load_runs() {
         after > before
     })
     .await;
-    screenshot(profile.path(), &ui, "dashboard.png", 2500);
+    tokio::task::block_in_place(|| screenshot(profile.path(), &ui, "dashboard.png", 2500));
     running.store(false, Ordering::Relaxed);
     load.await.unwrap();
     assert!(sent.load(Ordering::Relaxed) >= after - before);

@@ -61,9 +61,24 @@ async fn send(
     body: &str,
     auth: Option<&str>,
 ) -> (u16, http::HeaderMap, Vec<u8>) {
+    send_to(s, None, method, uri, body, auth).await
+}
+
+/// [`send`], addressed to `host` when given.
+async fn send_to(
+    s: &Arc<AppState<SystemClock>>,
+    host: Option<&str>,
+    method: &str,
+    uri: &str,
+    body: &str,
+    auth: Option<&str>,
+) -> (u16, http::HeaderMap, Vec<u8>) {
     let mut req = http::Request::builder().method(method).uri(uri);
     if let Some(a) = auth {
         req = req.header("authorization", a);
+    }
+    if let Some(h) = host {
+        req = req.header("host", h);
     }
     let res = app(Arc::clone(s))
         .oneshot(req.body(Body::from(body.to_owned())).unwrap())
@@ -293,6 +308,47 @@ async fn with_an_admin_token_the_dashboard_wants_it_as_a_bearer_token_or_a_brows
     let (status, ..) = send(&s, "POST", "/v1/reset", reset, Some(&basic("u:s3cret"))).await;
     assert_eq!(status, 401);
     let (status, ..) = send(&s, "POST", "/v1/reset", reset, Some("Bearer s3cret")).await;
+    assert_eq!(status, 200);
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_token_the_dashboard_answers_only_requests_addressed_to_an_ip_or_localhost() {
+    let s = state(None);
+    for path in ["/ui", "/v1/stats"] {
+        for host in [
+            "127.0.0.1:8080",
+            "localhost:8080",
+            "LOCALHOST",
+            "[::1]:8080",
+            "192.0.2.1",
+        ] {
+            let (status, ..) = send_to(&s, Some(host), "GET", path, "", None).await;
+            assert_eq!(status, 200, "{path} {host}");
+        }
+        // A page elsewhere that points its own name at this server (DNS
+        // rebinding) sends its name.
+        for host in [
+            "evil.example",
+            "evil.example:8080",
+            "127.0.0.1.evil.example",
+            "[::1]x",
+        ] {
+            let (status, _, body) = send_to(&s, Some(host), "GET", path, "", None).await;
+            assert_eq!(status, 403, "{path} {host}");
+            assert!(String::from_utf8_lossy(&body).contains("--admin-token"));
+        }
+    }
+    // With a token, the name does not matter.
+    let s = state(Some("t"));
+    let (status, ..) = send_to(
+        &s,
+        Some("sluice.internal"),
+        "GET",
+        "/v1/stats",
+        "",
+        Some("Bearer t"),
+    )
+    .await;
     assert_eq!(status, 200);
 }
 

@@ -26,7 +26,9 @@ pub(crate) struct Second {
 #[derive(Debug, Default)]
 pub(crate) struct History {
     pub(crate) seconds: VecDeque<Second>,
-    last: Activity,
+    /// The last reading; `None` until the first, which only sets where
+    /// the samples count from.
+    last: Option<Activity>,
     /// Every rule's totals at the last reading.
     pub(crate) totals: HashMap<(String, Enforcement), (u64, u64)>,
 }
@@ -34,7 +36,8 @@ pub(crate) struct History {
 impl History {
     /// Takes in a new reading made at `at`: what changed since the last
     /// one becomes the newest second, and the oldest beyond [`SECONDS`] is
-    /// dropped.
+    /// dropped. The first reading only sets where counting starts, since
+    /// what came before it did not happen in one second.
     pub(crate) fn push(&mut self, now: Activity, at: SystemTime) {
         let mut decisions = HashMap::new();
         let mut totals = HashMap::with_capacity(now.rules.len());
@@ -50,9 +53,13 @@ impl History {
             }
             totals.insert(id, (r.allowed, r.denied));
         }
-        let store = now.store.since(&self.last.store);
         self.totals = totals;
-        self.last = now;
+        let Some(last) = self.last.take() else {
+            self.last = Some(now);
+            return;
+        };
+        let store = now.store.since(&last.store);
+        self.last = Some(now);
         self.seconds.push_back(Second {
             at,
             decisions,
@@ -86,9 +93,11 @@ mod tests {
     fn each_second_holds_what_changed_since_the_one_before() {
         let mut h = History::default();
         let t = SystemTime::UNIX_EPOCH;
-        h.push(reading(5, 1), t);
-        h.push(reading(5, 1), t + Duration::from_secs(1));
-        h.push(reading(12, 4), t + Duration::from_secs(2));
+        // Counting starts at the first reading.
+        h.push(reading(3, 0), t);
+        h.push(reading(8, 1), t + Duration::from_secs(1));
+        h.push(reading(8, 1), t + Duration::from_secs(2));
+        h.push(reading(15, 4), t + Duration::from_secs(3));
         let per_second: Vec<Option<(u64, u64)>> = h
             .seconds
             .iter()
@@ -104,7 +113,7 @@ mod tests {
     #[test]
     fn no_more_than_five_minutes_of_seconds_are_kept() {
         let mut h = History::default();
-        for i in 0..SECONDS as u64 + 50 {
+        for i in 0..SECONDS as u64 + 51 {
             h.push(
                 reading(i, 0),
                 SystemTime::UNIX_EPOCH + Duration::from_secs(i),
@@ -115,6 +124,6 @@ mod tests {
             .at
             .duration_since(SystemTime::UNIX_EPOCH)
             .unwrap();
-        assert_eq!(first, Duration::from_secs(50));
+        assert_eq!(first, Duration::from_secs(51));
     }
 }

@@ -132,7 +132,7 @@ impl Dashboard {
                 };
                 json!({
                     "rule": t.rule,
-                    "mode": rule.map_or("enforce", |r| r.mode().as_str()),
+                    "mode": t.mode.as_str(),
                     "key": key,
                     "denied": t.denied,
                     "overcount": t.overcount,
@@ -280,6 +280,22 @@ async fn sample<S: Store + 'static>(
     }
 }
 
+/// Whether a `Host` header names an IP address or `localhost`, with or
+/// without a port.
+fn is_address(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => match v6.split_once(']') {
+            Some((addr, rest)) if rest.is_empty() || rest.starts_with(':') => addr,
+            _ => return false,
+        },
+        None => match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        },
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
+}
+
 /// `t` in seconds since the Unix epoch.
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -289,8 +305,23 @@ fn unix(t: SystemTime) -> f64 {
 /// A 401 unless `headers` carry `token` (when there is one), as a bearer
 /// token or as the password of HTTP basic authentication; the challenge
 /// names both, so that a browser asks for it.
+///
+/// Without a token, a 403 for a request addressed (`Host`) to a name other
+/// than `localhost`: a web page can point a name of its own at this
+/// server's address (DNS rebinding) and read the answers, keys and all.
 fn unauthorized(token: Option<&str>, headers: &HeaderMap) -> Option<Response> {
-    let token = token?;
+    let Some(token) = token else {
+        let host = headers.get(header::HOST).map(|h| h.to_str().unwrap_or(""));
+        if host.is_none_or(is_address) {
+            return None;
+        }
+        return Some(problem(
+            StatusCode::FORBIDDEN,
+            "without an admin token the dashboard answers only requests addressed to an IP \
+             address or localhost; open it by address, or start the server with --admin-token"
+                .into(),
+        ));
+    };
     if holds_admin_token(token, headers, true) {
         return None;
     }
