@@ -4,6 +4,7 @@
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine;
+use sha2::{Digest, Sha256};
 use sluice_core::Clock;
 use sluice_http::{PROBLEM_JSON, Problem};
 
@@ -12,8 +13,9 @@ use super::store::AnyStore;
 
 /// Whether `headers` carry the admin token `token` as a bearer token, or,
 /// when `basic` allows it, as the password of HTTP basic authentication
-/// (which browsers prompt for; any user name). Compared in constant time,
-/// so that response times say nothing about how much of a guess was right.
+/// (which browsers prompt for; any user name). Their SHA-256 digests are
+/// compared in constant time, so that response times say nothing about
+/// how much of a guess was right, or how long the token is.
 ///
 /// Basic authentication suits only what is safe to read: a browser sends
 /// credentials it has cached with requests that other sites make it send.
@@ -24,7 +26,11 @@ pub(crate) fn holds_admin_token(token: &str, headers: &HeaderMap, basic: bool) -
     else {
         return false;
     };
-    let same = |given: &[u8]| constant_time_eq::constant_time_eq(given, token.as_bytes());
+    // Digests first: equal lengths, so that not even the token's length
+    // shows in the time a comparison takes.
+    let same = |given: &[u8]| {
+        constant_time_eq::constant_time_eq(&Sha256::digest(given), &Sha256::digest(token))
+    };
     if let Some(bearer) = sluice_policy::bearer_token(given) {
         return same(bearer.as_bytes());
     }
