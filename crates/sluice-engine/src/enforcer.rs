@@ -373,7 +373,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let op = self.op(named.limit(), key, count);
         // Released if the store call ends without an answer (an error, a
         // missed deadline, a dropped future): it may have taken the lease.
-        let mut pending = self.pending([(named.limit(), key, &op)]);
+        let mut pending = self.pending([&op]);
         let d = self.decide_op(named, op, Mode::CONSUME).await?;
         let mut leases = pending.disarm();
         Ok((d, leases.pop().filter(|_| d.allowed)))
@@ -381,16 +381,13 @@ impl<S: Store + 'static> Enforcer<S> {
 
     /// The leases `ops` would take, held until the store answers: see
     /// [`HeldLeases::disarm`].
-    fn pending<'o>(
-        &self,
-        ops: impl IntoIterator<Item = (&'o Limit, &'o str, &'o Op<'o>)>,
-    ) -> HeldLeases {
+    fn pending<'o>(&self, ops: impl IntoIterator<Item = &'o Op<'o>>) -> HeldLeases {
         let leases = ops
             .into_iter()
-            .filter(|(_, _, op)| op.limit.takes_leases() && op.cost > 0.0)
-            .map(|(limit, key, op)| Held {
-                limit: limit.clone(),
-                key: key.to_owned(),
+            .filter(|op| op.limit.takes_leases() && op.cost > 0.0)
+            .map(|op| Held {
+                limit: op.limit.clone(),
+                key: op.key.to_owned(),
                 lease: op.lease,
             })
             .collect();
@@ -658,12 +655,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
         // The leases the transaction may take, released unless the store
         // says whether it took them.
-        let mut pending = self.pending(
-            enforce
-                .iter()
-                .zip(&ops)
-                .map(|(h, op)| (h.limit(), h.key.as_str(), op)),
-        );
+        let mut pending = self.pending(&ops);
         let result = self.transact(&ops, &rules).await;
         if let Ok(out) = &result {
             let taken = pending.disarm();
@@ -719,7 +711,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// the request's.
     async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
-        let mut pending = self.pending([(hit.limit(), hit.key.as_str(), &op)]);
+        let mut pending = self.pending([&op]);
         match self.transact(&[op], &[hit.rule]).await {
             Ok(out) => {
                 let taken = pending.disarm();

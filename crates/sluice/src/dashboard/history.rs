@@ -4,7 +4,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::time::SystemTime;
 
-use sluice_engine::{Activity, StoreActivity};
+use sluice_engine::{Activity, RuleActivity, StoreActivity};
 use sluice_policy::Enforcement;
 
 /// How many seconds of samples are kept: five minutes.
@@ -29,8 +29,6 @@ pub(crate) struct History {
     /// The last reading; `None` until the first, which only sets where
     /// the samples count from.
     last: Option<Activity>,
-    /// Every rule's totals at the last reading.
-    pub(crate) totals: HashMap<(String, Enforcement), (u64, u64)>,
 }
 
 impl History {
@@ -39,25 +37,30 @@ impl History {
     /// dropped. The first reading only sets where counting starts, since
     /// what came before it did not happen in one second.
     pub(crate) fn push(&mut self, now: Activity, at: SystemTime) {
-        let mut decisions = HashMap::new();
-        let mut totals = HashMap::with_capacity(now.rules.len());
-        for r in &now.rules {
-            let id = (r.rule.clone(), r.mode);
-            let (allowed, denied) = self.totals.get(&id).copied().unwrap_or_default();
-            let delta = (
-                r.allowed.saturating_sub(allowed),
-                r.denied.saturating_sub(denied),
-            );
-            if delta != (0, 0) {
-                decisions.insert(id.clone(), delta);
-            }
-            totals.insert(id, (r.allowed, r.denied));
-        }
-        self.totals = totals;
         let Some(last) = self.last.take() else {
             self.last = Some(now);
             return;
         };
+        let before: HashMap<(&str, Enforcement), (u64, u64)> = last
+            .rules
+            .iter()
+            .map(|r| ((r.rule.as_str(), r.mode), (r.allowed, r.denied)))
+            .collect();
+        let decisions = now
+            .rules
+            .iter()
+            .filter_map(|r| {
+                let (allowed, denied) = before
+                    .get(&(r.rule.as_str(), r.mode))
+                    .copied()
+                    .unwrap_or_default();
+                let delta = (
+                    r.allowed.saturating_sub(allowed),
+                    r.denied.saturating_sub(denied),
+                );
+                (delta != (0, 0)).then(|| ((r.rule.clone(), r.mode), delta))
+            })
+            .collect();
         let store = now.store.since(&last.store);
         self.last = Some(now);
         self.seconds.push_back(Second {
@@ -69,12 +72,18 @@ impl History {
             self.seconds.pop_front();
         }
     }
+
+    /// Every rule's totals at the last reading, by name, then mode.
+    pub(crate) fn totals(&self) -> Vec<&RuleActivity> {
+        let mut totals: Vec<&RuleActivity> = self.last.iter().flat_map(|a| &a.rules).collect();
+        totals.sort_by_key(|r| (r.rule.as_str(), r.mode.as_str()));
+        totals
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sluice_engine::RuleActivity;
     use std::time::Duration;
 
     fn reading(allowed: u64, denied: u64) -> Activity {

@@ -22,7 +22,7 @@ use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sluice_core::{Clock, Store};
 use sluice_engine::{Enforcer, quota_window};
-use sluice_policy::{Enforcement, Policy, readable_key};
+use sluice_policy::{Policy, readable_key};
 
 use crate::server::{AnyStore, holds_admin_token, problem, ready};
 use history::History;
@@ -88,26 +88,25 @@ impl Dashboard {
     ) -> Value {
         let history = self.history.lock();
         let seconds: Vec<f64> = history.seconds.iter().map(|s| unix(s.at)).collect();
-        let mut ids: Vec<&(String, Enforcement)> = history.totals.keys().collect();
-        ids.sort_by_key(|(rule, mode)| (rule.as_str(), mode.as_str()));
-        let decisions: Vec<Value> = ids
+        let decisions: Vec<Value> = history
+            .totals()
             .into_iter()
-            .map(|id| {
+            .map(|r| {
+                let id = (r.rule.clone(), r.mode);
                 let each = |pick: fn((u64, u64)) -> u64| -> Vec<u64> {
                     history
                         .seconds
                         .iter()
-                        .map(|s| s.decisions.get(id).copied().map_or(0, pick))
+                        .map(|s| s.decisions.get(&id).copied().map_or(0, pick))
                         .collect()
                 };
-                let (allowed, denied) = history.totals[id];
                 json!({
-                    "rule": id.0,
-                    "mode": id.1.as_str(),
+                    "rule": r.rule,
+                    "mode": r.mode.as_str(),
                     "allowed": each(|(a, _)| a),
                     "denied": each(|(_, d)| d),
-                    "allowed_total": allowed,
-                    "denied_total": denied,
+                    "allowed_total": r.allowed,
+                    "denied_total": r.denied,
                 })
             })
             .collect();
