@@ -6,6 +6,7 @@ scripts/bench-report; not meant to be run alone."""
 import argparse
 import re
 import statistics
+from collections import defaultdict
 from pathlib import Path
 
 SHAPES = [
@@ -202,6 +203,14 @@ def main():
         goals.append(("`sluice proxy`: at most 1.3× the CPU nginx spends on a proxied request",
                       f"{proxy:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {pus} µs against {nus}",
                       proxy <= 1.3, "proxy", ""))
+    bare = num("bare_cpu_ratio")
+    if bare is not None:
+        r = rounds_range(serving.get("bare_cpu_rounds"))
+        bus, bnus = serving.get("bare_us"), serving.get("bare_nginx_us")
+        serving_lines.append(
+            f"| `sluice proxy` with no rule ÷ nginx `proxy_pass`, CPU per request | {bare:.2f} | "
+            f"{r[0]:.2f}–{r[1]:.2f} | {bus} µs against {bnus} µs |"
+        )
 
     # --- the document ----------------------------------------------------
     minutes = f"{args.seconds // 60} min {args.seconds % 60} s"
@@ -279,7 +288,22 @@ server CPU a call took.
 - `sluice proxy` with one per-IP rule that admits everything, and nginx's
   `proxy_pass` (one worker, kept-alive upstream connections), both in
   front of the bare hyper server on the same CPU. Only the proxy's
-  process, or nginx's worker, is counted.
+  process, or nginx's worker, is counted. Then the same proxy with no
+  rule at all, against nginx again: what the HTTP stack costs before any
+  rate limiting.
+
+RLS answers of calls that are in flight together leave in one write. h2
+writes a DATA payload of 256 bytes or more on its own when the socket
+takes vectored writes, and must send it before it may queue the next
+frame. A denial's answer, with its headers and problem body, is that
+large, so each one cost a write of its own and its trailers another:
+about two `sendto` a call against the floor's one (`perf stat -e
+'syscalls:sys_enter_sendto'` on both servers). The gRPC listener now
+tells h2 that its sockets take no vectored writes, so h2 copies payloads
+under 1 KiB into its buffer. `scripts/bench-report` at commit `7d83888`,
+before that change, measured the denial row at 0.64; the write alone is
+most of the difference, and the rest came from building Envoy's header
+list without an `http` header map and from a cheaper top-keys summary.
 
 """)
     doc.extend(serving_lines)
@@ -291,7 +315,7 @@ server CPU a call took.
             if why in seen or why not in WHY:
                 continue
             seen.add(why)
-            doc.append(WHY[why])
+            doc.append(WHY[why].format_map(defaultdict(lambda: "(not measured)", serving)))
     doc.append(METHODS)
     Path(args.out).write_text("\n".join(doc).rstrip() + "\n")
 
@@ -371,31 +395,33 @@ decision, where Sluice leads by less than at 1M shuffled keys.
 """,
     "rls": """### Envoy RLS against a bare tonic server
 
-`perf record -g` on `sluice serve` while `sluice bench grpc` loads it
-(most calls denied, as in the first RLS row) puts 14% of the server's
-samples in `should_rate_limit` and what it calls. Of those, the answer
-takes 8%: the RateLimit headers are built as an `http` header map and
-then copied into Envoy's header list one string at a time (4%), and a
-denial also carries the 429 problem body (2%). The decision itself is 4%.
-The rest is the gRPC and HTTP/2 stack and the kernel, which the floor
-pays too, but per byte: a denial's answer, with its headers and body, is
-several times the floor's bare `OK`, and `writev` alone is 42% of the
-samples. A call every one of whose descriptors is allowed costs less
-(the second RLS row).
+Both servers make one `sendto` a call (`perf stat -e
+'syscalls:sys_enter_sendto'`), so the difference is the work of a call.
+`perf record --call-graph dwarf` on `sluice serve`, most calls denied,
+puts about 12% of its samples in `should_rate_limit` and what it calls:
+half the answer (the problem body through serde_json, then the headers),
+half the decision. Encoding the larger answer is about 4% more, and the
+kernel's work grows with its bytes. A call every one of whose
+descriptors is allowed carries no body and costs less (the second RLS
+row).
 """,
     "proxy": """### `sluice proxy` against nginx
 
-`perf record -g` on `sluice proxy` under the same load (one per-IP rule,
-the bare hyper server upstream) puts 56% of the proxy's samples in
-`writev`, to the client and to the upstream: on loopback the sender's
-system call also runs the receiver's TCP processing. nginx pays those
-writes too. The rate limit layer (the key, the decision and the
-RateLimit headers on every response) is 13%, forwarding the request to
-the pooled upstream connection 7%, and reading request heads 8%. So the
-layer alone is about 3 µs of the proxy's CPU a request: without it the
-proxy would be near the goal, and the rest is hyper's HTTP/1 on both
-sides. A proxied request takes about 44,300 instructions under
-callgrind.
+The last serving row is the proxy with no rule at all: {bare_cpu_ratio}×
+nginx's CPU a request, {bare_us} µs against {bare_nginx_us} µs. That is
+hyper's HTTP/1 on both sides and tokio's scheduling, before any rate
+limiting; the per-IP rule adds the rest (the key, the decision, and the
+RateLimit headers on every response). The two proxies make the same
+system calls a request, two `writev` and two `recvfrom` (`perf stat -e
+'syscalls:sys_enter_*'` on the proxy and on nginx's worker). `perf
+record --call-graph dwarf` splits their time: nginx's worker spent about
+3 µs a request in user space and 12 µs in the kernel, the proxy about
+9 µs and 14 µs. Of the proxy's user time, the rate limit layer is about
+2 µs and forwarding about 1.5 µs; the rest is parsing and writing both
+connections' messages, and passing each request between the client
+connection's task and the upstream connection's task, which nginx does
+in one event loop. A proxied request takes about 44,300 instructions
+under callgrind.
 """,
 }
 
@@ -404,7 +430,9 @@ METHODS = """
 
 Counts from callgrind do not drift with the machine, so they explain the
 ratios above. They are measured by the commands named, not by
-`scripts/bench-report`.
+`scripts/bench-report`, and the middleware's and serve's were taken at
+commit `7d83888`, before the RateLimit headers stopped going through a
+header map for RLS and the decision API.
 
 - **Keyed, in process** (`MemoryStore::decide_now` and what it calls, in
   the paired benchmark): an uncontended 1-key decision is about 380

@@ -48,16 +48,20 @@ pub struct TopKey {
 
 #[derive(Debug)]
 struct Counter {
-    rule: Box<str>,
+    /// The hash of (rule, mode, key), which stands for them in the table.
+    hash: u64,
+    rule: String,
     mode: Enforcement,
-    key: Box<str>,
+    key: String,
     count: u64,
     overcount: u64,
 }
 
-/// One minute of one stripe: at most [`PER_STRIPE`] counters, by the hash
-/// of (rule, key).
-type Table = HashMap<u64, Counter>;
+/// One minute of one stripe: at most [`PER_STRIPE`] counters. A list
+/// scanned by hash rather than a map: finding the smallest counter, which
+/// every new key of a flood needs, is then a scan of one short array, and
+/// the counter it takes keeps its strings' allocations.
+type Table = Vec<Counter>;
 
 #[derive(Debug, Default)]
 struct Stripe {
@@ -114,40 +118,48 @@ impl TopKeys {
             return;
         };
         let table = &mut stripe.current;
-        if let Some(c) = table.get_mut(&hash) {
+        if let Some(c) = table.iter_mut().find(|c| c.hash == hash) {
             c.count += 1;
             return;
         }
-        let (count, overcount) = if table.len() < PER_STRIPE {
-            (1, 0)
-        } else {
-            // Every counter is taken: the smallest one goes to this key.
-            let Some((&smallest, c)) = table.iter().min_by_key(|(_, c)| c.count) else {
-                return;
-            };
-            let min = c.count;
-            table.remove(&smallest);
-            (min + 1, min)
-        };
-        table.insert(
-            hash,
-            Counter {
-                rule: rule.into(),
+        if table.len() < PER_STRIPE {
+            table.push(Counter {
+                hash,
+                rule: rule.to_owned(),
                 mode,
-                key: key.into(),
-                count,
-                overcount,
-            },
-        );
+                key: key.to_owned(),
+                count: 1,
+                overcount: 0,
+            });
+            return;
+        }
+        // Every counter is taken: the smallest one goes to this key.
+        let Some(c) = table.iter_mut().min_by_key(|c| c.count) else {
+            return;
+        };
+        c.hash = hash;
+        c.rule.clear();
+        c.rule.push_str(rule);
+        c.mode = mode;
+        c.key.clear();
+        c.key.push_str(key);
+        c.overcount = c.count;
+        c.count += 1;
     }
 
     /// Starts a new minute, forgetting the oldest of the [`MINUTES`] kept.
     pub fn rotate(&self) {
         for stripe in self.stripes.iter() {
             let mut stripe = stripe.lock();
-            let done = std::mem::take(&mut stripe.current);
+            // The oldest minute's table, emptied, is the new one.
+            let mut fresh = if stripe.earlier.len() >= MINUTES - 1 {
+                stripe.earlier.pop_back().unwrap_or_default()
+            } else {
+                Table::new()
+            };
+            fresh.clear();
+            let done = std::mem::replace(&mut stripe.current, fresh);
             stripe.earlier.push_front(done);
-            stripe.earlier.truncate(MINUTES - 1);
         }
     }
 
@@ -157,11 +169,11 @@ impl TopKeys {
         for stripe in self.stripes.iter() {
             let stripe = stripe.lock();
             for table in std::iter::once(&stripe.current).chain(&stripe.earlier) {
-                for (&hash, c) in table {
-                    let e = merged.entry(hash).or_insert_with(|| TopKey {
-                        rule: c.rule.to_string(),
+                for c in table {
+                    let e = merged.entry(c.hash).or_insert_with(|| TopKey {
+                        rule: c.rule.clone(),
                         mode: c.mode,
-                        key: c.key.to_string(),
+                        key: c.key.clone(),
                         denied: 0,
                         overcount: 0,
                     });
@@ -190,7 +202,7 @@ impl TopKeys {
             .iter()
             .map(|s| {
                 let s = s.lock();
-                s.current.len() + s.earlier.iter().map(HashMap::len).sum::<usize>()
+                s.current.len() + s.earlier.iter().map(Vec::len).sum::<usize>()
             })
             .sum()
     }

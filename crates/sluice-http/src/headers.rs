@@ -94,12 +94,18 @@ fn push_item(out: &mut String, name: &str, (a, x): (&str, u64), (b, y): (&str, u
 /// assert_eq!(waits.len(), 6, "12 to 17 s: {waits:?}");
 /// ```
 pub fn retry_after_secs(exact: f64, identity: &str) -> u64 {
+    jittered(exact, [identity.as_bytes()])
+}
+
+/// [`retry_after_secs`] for the identity that is the concatenation of
+/// `parts`, read in place.
+fn jittered<'a>(exact: f64, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
     let base = whole_secs(exact);
     // FNV-1a: stable across builds and processes, unlike std's hasher, so
     // every replica jitters a client the same way.
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in identity.bytes() {
-        h ^= u64::from(b);
+    for b in parts.into_iter().flatten() {
+        h ^= u64::from(*b);
         h = h.wrapping_mul(0x0100_0000_01b3);
     }
     // FNV-1a's high bits barely move when only the last bytes differ
@@ -172,13 +178,51 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
 /// assert_eq!(h["content-type"], "text/plain");
 /// ```
 pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
-    // Every request that a rule limits gets these, so they are written
-    // straight into the response's map: numbers through `HeaderValue::from`,
-    // the lists without a `String` per item.
     if !v.rules.is_empty() {
         // Only a limited request gets headers: the reservation is for them,
         // and a request no rule matched leaves the map untouched.
         h.reserve(8);
+    }
+    each_rate_limit_header(v, |name, value| {
+        // Every value built here is ASCII without control characters.
+        if let Ok(value) = HeaderValue::from_str(value) {
+            h.insert(name.clone(), value);
+        }
+    });
+}
+
+/// Hands each header of [`rate_limit_headers`] to `put`, as its name and
+/// its value, for answers that are not an HTTP response's map: Envoy's
+/// list of headers to add, the decision API's JSON. Each name comes once.
+///
+/// ```
+/// use sluice_core::Decision;
+/// use sluice_http::{RuleDecision, Verdict, each_rate_limit_header};
+/// let v = Verdict {
+///     allowed: false,
+///     rules: vec![RuleDecision {
+///         rule: "per-ip".into(),
+///         key: "9:192.0.2.1".into(),
+///         cost: 1.0,
+///         decision: Decision { allowed: false, limit: 10.0, remaining: 0, retry_after: Some(0.5), reset: 0.6 },
+///         window: 1.0,
+///         in_flight: false,
+///     }],
+///     deciding: Some(0),
+///     retry_after: Some(0.5),
+///     ..Verdict::default()
+/// };
+/// let mut fields = Vec::new();
+/// each_rate_limit_header(&v, |name, value| fields.push(format!("{name}: {value}")));
+/// assert_eq!(fields[0], r#"ratelimit-policy: "per-ip";q=10;w=1"#);
+/// assert_eq!(fields[1], r#"ratelimit: "per-ip";r=0;t=1"#);
+/// assert_eq!(fields.last().unwrap(), "retry-after: 1");
+/// assert_eq!(fields.len(), 8);
+/// ```
+pub fn each_rate_limit_header(v: &Verdict, mut put: impl FnMut(&HeaderName, &str)) {
+    // Every limited request gets these, so the lists are built without a
+    // `String` per item and the numbers without one at all.
+    if !v.rules.is_empty() {
         let mut policy = String::with_capacity(32 * v.rules.len());
         let mut current = String::with_capacity(32 * v.rules.len());
         for (i, r) in v.rules.iter().enumerate() {
@@ -207,25 +251,27 @@ pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
                 ("t", whole_secs(r.decision.reset)),
             );
         }
-        insert(h, RATELIMIT_POLICY, policy);
-        insert(h, RATELIMIT, current);
+        put(&RATELIMIT_POLICY, &policy);
+        put(&RATELIMIT, &current);
     }
     if let Some(d) = v.deciding() {
-        let limit = HeaderValue::from(whole(d.decision.limit));
-        let remaining = HeaderValue::from(d.decision.remaining);
-        h.insert(RATELIMIT_LIMIT, limit.clone());
-        h.insert(RATELIMIT_REMAINING, remaining.clone());
-        h.insert(
-            RATELIMIT_RESET,
-            HeaderValue::from(whole_secs(d.decision.reset)),
+        let (mut limit, mut remaining, mut reset) = (
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
+            itoa::Buffer::new(),
         );
-        h.insert(X_RATELIMIT_LIMIT, limit);
-        h.insert(X_RATELIMIT_REMAINING, remaining);
+        let limit = limit.format(whole(d.decision.limit));
+        let remaining = remaining.format(d.decision.remaining);
+        put(&RATELIMIT_LIMIT, limit);
+        put(&RATELIMIT_REMAINING, remaining);
+        put(&RATELIMIT_RESET, reset.format(whole_secs(d.decision.reset)));
+        put(&X_RATELIMIT_LIMIT, limit);
+        put(&X_RATELIMIT_REMAINING, remaining);
     }
     if !v.allowed
         && let Some(secs) = retry_after(v)
     {
-        h.insert(RETRY_AFTER, HeaderValue::from(secs));
+        put(&RETRY_AFTER, itoa::Buffer::new().format(secs));
     }
 }
 
@@ -238,8 +284,9 @@ fn retry_after(v: &Verdict) -> Option<u64> {
         Some(_) => None,
         None => {
             let d = v.deciding()?;
-            let identity = format!("{}/{}", d.rule, d.key);
-            Some(retry_after_secs(v.retry_after?, &identity))
+            // The identity is `{rule}/{key}`.
+            let identity = [d.rule.as_bytes(), b"/", d.key.as_bytes()];
+            Some(jittered(v.retry_after?, identity))
         }
     }
 }
@@ -297,8 +344,13 @@ impl Problem {
 
     /// The body as JSON.
     pub fn to_json(&self) -> Vec<u8> {
+        // Room for a refusal's body at once, rather than growing to it.
+        let mut body = Vec::with_capacity(256 + self.detail.len());
         // A struct of strings and numbers always serializes.
-        serde_json::to_vec(self).unwrap_or_default()
+        match serde_json::to_writer(&mut body, self) {
+            Ok(()) => body,
+            Err(_) => Vec::new(),
+        }
     }
 }
 
@@ -334,21 +386,49 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 /// assert_eq!(body["violated-policies"], serde_json::json!(["per-ip"]));
 /// ```
 pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
-    let (status, detail) = explain(v);
-    let mut problem = Problem::new(status, detail);
-    problem.rule = v.denied_by().map(str::to_owned);
-    if v.refusal.is_none() {
-        // Over quota: the draft's problem type, naming every rule that denied.
-        problem.kind = QUOTA_EXCEEDED;
-        problem.violated_policies = v
-            .rules
-            .iter()
-            .filter(|r| !r.decision.allowed)
-            .map(|r| r.rule.clone())
-            .collect();
-        problem.retry_after = v.retry_after;
+    let problem = Problem::denial(v);
+    (problem.status(), problem.to_json())
+}
+
+impl Problem {
+    /// The problem a denied request is answered with: [`denial`]'s body,
+    /// before it is written out.
+    ///
+    /// ```
+    /// use sluice_http::{Problem, Verdict};
+    /// let v = Verdict { allowed: false, retry_after: Some(1.5), ..Verdict::default() };
+    /// let p = Problem::denial(&v);
+    /// assert_eq!(p.status(), 429);
+    /// assert_eq!(p.detail(), "rate limit exceeded; retry in 1.500 s");
+    /// ```
+    pub fn denial(v: &Verdict) -> Problem {
+        let (status, detail) = explain(v);
+        let mut problem = Problem::new(status, detail);
+        problem.rule = v.denied_by().map(str::to_owned);
+        if v.refusal.is_none() {
+            // Over quota: the draft's problem type, naming every rule that
+            // denied.
+            problem.kind = QUOTA_EXCEEDED;
+            problem.violated_policies = v
+                .rules
+                .iter()
+                .filter(|r| !r.decision.allowed)
+                .map(|r| r.rule.clone())
+                .collect();
+            problem.retry_after = v.retry_after;
+        }
+        problem
     }
-    (status, problem.to_json())
+
+    /// Its HTTP status.
+    pub fn status(&self) -> StatusCode {
+        StatusCode::from_u16(self.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+    }
+
+    /// The sentence that says what happened.
+    pub fn detail(&self) -> &str {
+        &self.detail
+    }
 }
 
 /// The HTTP status of a denial and a sentence on why.

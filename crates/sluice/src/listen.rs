@@ -175,7 +175,8 @@ impl Listener {
 
     /// The connections as a stream for tonic, which owns the listening
     /// socket and closes it when it stops accepting; and the drain for
-    /// when it has.
+    /// when it has. Their writes are copied into one buffer
+    /// ([`Tracked::copying_writes`]), so that HTTP/2 answers share writes.
     pub(crate) fn incoming(
         self,
     ) -> (
@@ -188,7 +189,7 @@ impl Listener {
         };
         let stream = futures_util::stream::unfold(self, |listener| async move {
             let (io, _) = listener.accept().await;
-            Some((Ok(io), listener))
+            Some((Ok(io.copying_writes()), listener))
         });
         (stream, drain)
     }
@@ -276,6 +277,28 @@ mod tests {
     #[test]
     fn a_zero_cap_is_refused() {
         assert!(Flags::try_parse_from(["sluice", "--max-connections", "0"]).is_err());
+    }
+
+    /// h2 batches the answers of concurrent calls into one write only on
+    /// a socket that says it takes no vectored writes (see
+    /// `Tracked::copying_writes`).
+    #[tokio::test]
+    async fn grpc_connections_tell_writers_to_copy_rather_than_write_vectored() {
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("address");
+        let (incoming, _drain) = Listener::new(tcp, "test", &Limits::default()).incoming();
+        let _client = TcpStream::connect(addr).await.expect("connect");
+        futures_util::pin_mut!(incoming);
+        let accepted = futures_util::StreamExt::next(&mut incoming).await;
+        let Some(Ok(io)) = accepted else {
+            panic!("no connection accepted")
+        };
+        let plain = TcpStream::connect(addr).await.expect("connect");
+        assert!(
+            tokio::io::AsyncWrite::is_write_vectored(&plain),
+            "a plain socket takes vectored writes"
+        );
+        assert!(!tokio::io::AsyncWrite::is_write_vectored(&io));
     }
 
     #[test]

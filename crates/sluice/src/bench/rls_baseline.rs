@@ -2,9 +2,9 @@
 //! gRPC stack allows, for `sluice serve`'s RLS to be measured against, as
 //! `sluice bench baseline` is for its HTTP API.
 //!
-//! It runs what `sluice serve` runs for RLS (tonic's server with the same
-//! call timeout and HTTP/2 keep-alive, on tokio's multi-thread runtime,
-//! its connections with `TCP_NODELAY` as serve's listener sets them) and
+//! It runs what `sluice serve` runs for RLS (serve's listener, and tonic's
+//! server with the same call timeout and HTTP/2 keep-alive, on tokio's
+//! multi-thread runtime) and
 //! answers every `ShouldRateLimit` with `OK` and one `OK` status per
 //! descriptor, without deciding anything. The difference between the two
 //! is then what a decision costs: matching the rules, the limiter, and the
@@ -20,8 +20,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use tonic::transport::server::TcpIncoming;
 use tonic::{Request, Response, Status};
+
+use crate::listen::{Limits, Listener};
 
 /// Arguments of `sluice bench rls-baseline`.
 #[derive(Debug, Args)]
@@ -62,12 +63,13 @@ impl RateLimitService for AlwaysOk {
 /// up, so the default action is right).
 pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
     super::runtime(None)?.block_on(async {
-        let listener = super::announce(args.listen).await?;
-        // `sluice serve`'s server, with its default call timeout.
+        let tcp = super::announce(args.listen).await?;
+        // `sluice serve`'s listener, with its default limits, and its
+        // server, with its default call timeout.
+        let (incoming, _) = Listener::new(tcp, "grpc", &Limits::default()).incoming();
         crate::serve::grpc_server(Duration::from_secs(10))
             .add_service(RateLimitServiceServer::new(AlwaysOk))
-            // As serve's listener sets its connections.
-            .serve_with_incoming(TcpIncoming::from(listener).with_nodelay(Some(true)))
+            .serve_with_incoming(incoming)
             .await
             .context("the gRPC server failed")
     })

@@ -150,6 +150,7 @@ impl Connections {
             io,
             conn,
             connections: Arc::clone(self),
+            copy_writes: false,
         }
     }
 
@@ -212,6 +213,9 @@ pub(crate) struct Tracked<T> {
     io: T,
     conn: Arc<Conn>,
     connections: Arc<Connections>,
+    /// Whether writers are told that the socket takes no vectored writes;
+    /// see [`Tracked::copying_writes`].
+    copy_writes: bool,
 }
 
 impl<T> Drop for Tracked<T> {
@@ -273,7 +277,7 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
     }
 
     fn is_write_vectored(&self) -> bool {
-        self.io.is_write_vectored()
+        !self.copy_writes && self.io.is_write_vectored()
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -289,6 +293,22 @@ impl<T: AsyncWrite + Unpin> AsyncWrite for Tracked<T> {
 }
 
 impl<T> Tracked<T> {
+    /// Tells writers that the socket takes no vectored writes, so that they
+    /// copy what they send into one buffer rather than hand the socket a
+    /// list of buffers.
+    ///
+    /// For HTTP/2 this decides how many answers share a write. h2 sends a
+    /// DATA payload of 256 bytes or more on a vectored socket as a buffer of
+    /// its own, and must write it out before it may queue the next frame:
+    /// every such answer then costs a write, and its trailers another. An
+    /// Envoy RLS denial, with its headers and problem body, is that big. On
+    /// a socket without vectored writes h2 copies payloads below 1 KiB into
+    /// its buffer instead, and the answers ready at once leave in one write.
+    pub(crate) fn copying_writes(mut self) -> Self {
+        self.copy_writes = true;
+        self
+    }
+
     /// A write that waits on the peer is woken when the connection is
     /// closed from outside.
     fn pending_write<R>(

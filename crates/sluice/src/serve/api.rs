@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Algorithm, Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{denial, rate_limit_headers};
+use sluice_http::{Problem, each_rate_limit_header};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
@@ -784,19 +784,16 @@ async fn decide<C: Clock + Send + Sync + 'static>(
 }
 
 fn decided(v: &Verdict) -> Response {
-    let mut headers: BTreeMap<String, String> = rate_limit_headers(v)
-        .iter()
-        .filter_map(|(n, val)| Some((n.as_str().to_owned(), val.to_str().ok()?.to_owned())))
-        .collect();
+    let mut headers = BTreeMap::new();
+    each_rate_limit_header(v, |name, value| {
+        headers.insert(name.as_str().to_owned(), value.to_owned());
+    });
     let (status, error) = if v.allowed {
         (StatusCode::OK, None)
     } else {
-        let (status, body) = denial(v);
+        let problem = Problem::denial(v);
         headers.insert("content-type".into(), "application/problem+json".into());
-        let detail = serde_json::from_slice::<serde_json::Value>(&body)
-            .ok()
-            .and_then(|b| b["detail"].as_str().map(str::to_owned));
-        (status, detail)
+        (problem.status(), Some(problem.detail().to_owned()))
     };
     let d = v.deciding();
     let answer = DecideAnswer {

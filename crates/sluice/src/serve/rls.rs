@@ -25,7 +25,7 @@ use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::Duration as PbDuration;
 use sluice_core::{Algorithm, Clock, Decision, Outcome, Settle, Store};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{PROBLEM_JSON, denial, rate_limit_headers};
+use sluice_http::{PROBLEM_JSON, denial, each_rate_limit_header};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
 use tonic::{Request, Response, Status};
 
@@ -308,21 +308,25 @@ fn response(
         })
         .collect();
 
-    let mut headers = rate_limit_headers(verdict);
+    // Straight into Envoy's list: these are the fields of every answer.
+    let mut response_headers_to_add = Vec::with_capacity(9);
+    let mut add = |key: &str, value: &str| {
+        response_headers_to_add.push(HeaderValue {
+            key: key.to_owned(),
+            value: value.to_owned(),
+            raw_value: Vec::new(),
+        });
+    };
+    each_rate_limit_header(verdict, |name, value| add(name.as_str(), value));
     let mut raw_body = Vec::new();
     if !verdict.allowed {
         let (_, body) = denial(verdict);
         raw_body = body;
-        headers.insert(http::header::CONTENT_TYPE, PROBLEM_JSON);
+        add(
+            http::header::CONTENT_TYPE.as_str(),
+            PROBLEM_JSON.to_str().unwrap_or_default(),
+        );
     }
-    let response_headers_to_add = headers
-        .iter()
-        .map(|(k, v)| HeaderValue {
-            key: k.as_str().to_owned(),
-            value: String::from_utf8_lossy(v.as_bytes()).into_owned(),
-            raw_value: Vec::new(),
-        })
-        .collect();
     let overall = if verdict.allowed {
         Code::Ok
     } else {
