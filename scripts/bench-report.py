@@ -6,7 +6,7 @@ scripts/bench-report; not meant to be run alone."""
 import argparse
 import re
 import statistics
-from collections import defaultdict
+import textwrap
 from pathlib import Path
 
 SHAPES = [
@@ -307,17 +307,22 @@ list without an `http` header map and from a cheaper top-keys summary.
 """)
     doc.extend(serving_lines)
     # The figures the explanations quote, as they print.
-    why_figures = defaultdict(lambda: "(not measured)")
+    why_figures = {"bare_paragraph": ""}
     if bare is not None:
-        why_figures["bare_ratio"] = f"{bare:.2f}"
-        why_figures["bare_us"] = serving.get("bare_us")
-        why_figures["bare_nginx_us"] = serving.get("bare_nginx_us")
-        why_figures["bare_against_goal"] = "within the goal" if bare <= 1.3 else "over the goal"
-    try:
-        rule_us = float(serving.get("proxy_us", "")) - float(serving.get("bare_us", ""))
-        why_figures["rule_us"] = f"{rule_us:.1f}"
-    except ValueError:
-        pass
+        against = "within the goal" if bare <= 1.3 else "over the goal"
+        try:
+            rule_us = float(serving.get("proxy_us", "")) - float(serving.get("bare_us", ""))
+        except ValueError:
+            rule_us = 0.0
+        rule = (f"The per-IP rule adds about {rule_us:.1f} µs a request (the row above it, less this "
+                "one, from two comparisons of the same run)" if rule_us > 0 else
+                "What the per-IP rule adds is within the noise of this run")
+        why_figures["bare_paragraph"] = f"""The last serving row is the proxy with no rule at all: {bare:.2f}×
+nginx's CPU a request, {serving.get("bare_us")} µs against {serving.get("bare_nginx_us")} µs. That is
+hyper's HTTP/1 on both sides and tokio's scheduling, before any rate
+limiting, and it is {against} by itself. {rule}: the key, the
+decision, and the RateLimit headers on every response."""
+        why_figures["bare_paragraph"] = textwrap.fill(why_figures["bare_paragraph"], 72) + "\n"
     missed = [g for g in goals if not g[2]]
     if missed:
         doc.append("\n## Where a goal is missed, and why\n")
@@ -326,9 +331,12 @@ list without an `http` header map and from a cheaper top-keys summary.
             if why in seen or why not in WHY:
                 continue
             seen.add(why)
-            doc.append(WHY[why].format_map(why_figures).rstrip("\n"))
+            doc.append(WHY[why].format_map(why_figures))
     doc.append(METHODS)
-    Path(args.out).write_text("\n".join(doc).rstrip() + "\n")
+    # Sections end with a newline and are joined with another: one blank
+    # line between them, never two.
+    text = re.sub(r"\n{3,}", "\n\n", "\n".join(doc))
+    Path(args.out).write_text(text.rstrip() + "\n")
 
     # --- the README's summary -------------------------------------------
     lines = []
@@ -423,13 +431,7 @@ row).
 """,
     "proxy": """### `sluice proxy` against nginx
 
-The last serving row is the proxy with no rule at all: {bare_ratio}×
-nginx's CPU a request, {bare_us} µs against {bare_nginx_us} µs. That is
-hyper's HTTP/1 on both sides and tokio's scheduling, before any rate
-limiting, and it is {bare_against_goal} by itself. The per-IP rule adds about
-{rule_us} µs a request (the row above it, less this one, from two
-comparisons of the same run): the key, the decision, and the RateLimit
-headers on every response. The two proxies make the same
+{bare_paragraph}The two proxies make the same
 system calls a request, two `writev` and two `recvfrom` (`perf stat -e
 'syscalls:sys_enter_*'` on the proxy and on nginx's worker). `perf
 record --call-graph dwarf` splits their time: nginx's worker spent about

@@ -111,8 +111,8 @@ impl TopKeys {
     pub fn record(&self, rule: &str, mode: Enforcement, key: &str) {
         let key = cut(key);
         let hash = self.hasher.hash_one((rule, mode, key));
-        // The high bits pick the stripe; the table hashes the whole value
-        // again, so the two do not correlate.
+        // The high bits pick the stripe, and the table compares the whole
+        // hash.
         let stripe = (hash >> 60) as usize % STRIPES;
         let Some(mut stripe) = self.stripes[stripe].try_lock() else {
             return;

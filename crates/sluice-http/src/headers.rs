@@ -184,11 +184,52 @@ pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
         h.reserve(8);
     }
     each_rate_limit_header(v, |name, value| {
-        // Every value built here is ASCII without control characters.
-        if let Ok(value) = HeaderValue::from_str(value) {
-            h.insert(name.clone(), value);
-        }
+        let value = match value {
+            // Every list built here is ASCII without control characters;
+            // it moves into the map without a copy.
+            FieldValue::List(list) => match HeaderValue::try_from(list) {
+                Ok(value) => value,
+                Err(_) => return,
+            },
+            FieldValue::Number(n) => HeaderValue::from(n),
+        };
+        h.insert(name.clone(), value);
     });
+}
+
+/// The value of one RateLimit header, as [`each_rate_limit_header`] hands
+/// it over: a structured-field list, built for it and owned, or a number,
+/// to be written out however the answer writes numbers.
+///
+/// ```
+/// use sluice_http::FieldValue;
+/// assert_eq!(FieldValue::Number(7).to_string(), "7");
+/// assert_eq!(String::from(FieldValue::List(r#""a";r=1;t=2"#.into())), r#""a";r=1;t=2"#);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum FieldValue {
+    /// `RateLimit-Policy` or `RateLimit`: one item per rule.
+    List(String),
+    /// A count or a number of seconds.
+    Number(u64),
+}
+
+impl std::fmt::Display for FieldValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FieldValue::List(list) => f.write_str(list),
+            FieldValue::Number(n) => f.write_str(itoa::Buffer::new().format(*n)),
+        }
+    }
+}
+
+impl From<FieldValue> for String {
+    fn from(value: FieldValue) -> String {
+        match value {
+            FieldValue::List(list) => list,
+            FieldValue::Number(n) => itoa::Buffer::new().format(n).to_owned(),
+        }
+    }
 }
 
 /// Hands each header of [`rate_limit_headers`] to `put`, as its name and
@@ -219,9 +260,9 @@ pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
 /// assert_eq!(fields.last().unwrap(), "retry-after: 1");
 /// assert_eq!(fields.len(), 8);
 /// ```
-pub fn each_rate_limit_header(v: &Verdict, mut put: impl FnMut(&HeaderName, &str)) {
+pub fn each_rate_limit_header(v: &Verdict, mut put: impl FnMut(&HeaderName, FieldValue)) {
     // Every limited request gets these, so the lists are built without a
-    // `String` per item and the numbers without one at all.
+    // `String` per item.
     if !v.rules.is_empty() {
         let mut policy = String::with_capacity(32 * v.rules.len());
         let mut current = String::with_capacity(32 * v.rules.len());
@@ -251,27 +292,30 @@ pub fn each_rate_limit_header(v: &Verdict, mut put: impl FnMut(&HeaderName, &str
                 ("t", whole_secs(r.decision.reset)),
             );
         }
-        put(&RATELIMIT_POLICY, &policy);
-        put(&RATELIMIT, &current);
+        put(&RATELIMIT_POLICY, FieldValue::List(policy));
+        put(&RATELIMIT, FieldValue::List(current));
     }
     if let Some(d) = v.deciding() {
-        let (mut limit, mut remaining, mut reset) = (
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
-            itoa::Buffer::new(),
+        let limit = whole(d.decision.limit);
+        put(&RATELIMIT_LIMIT, FieldValue::Number(limit));
+        put(
+            &RATELIMIT_REMAINING,
+            FieldValue::Number(d.decision.remaining),
         );
-        let limit = limit.format(whole(d.decision.limit));
-        let remaining = remaining.format(d.decision.remaining);
-        put(&RATELIMIT_LIMIT, limit);
-        put(&RATELIMIT_REMAINING, remaining);
-        put(&RATELIMIT_RESET, reset.format(whole_secs(d.decision.reset)));
-        put(&X_RATELIMIT_LIMIT, limit);
-        put(&X_RATELIMIT_REMAINING, remaining);
+        put(
+            &RATELIMIT_RESET,
+            FieldValue::Number(whole_secs(d.decision.reset)),
+        );
+        put(&X_RATELIMIT_LIMIT, FieldValue::Number(limit));
+        put(
+            &X_RATELIMIT_REMAINING,
+            FieldValue::Number(d.decision.remaining),
+        );
     }
     if !v.allowed
         && let Some(secs) = retry_after(v)
     {
-        put(&RETRY_AFTER, itoa::Buffer::new().format(secs));
+        put(&RETRY_AFTER, FieldValue::Number(secs));
     }
 }
 

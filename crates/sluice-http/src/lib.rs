@@ -51,10 +51,10 @@ mod limit;
 mod request;
 
 pub use headers::{
-    PROBLEM_JSON, Problem, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_LIMIT, RATELIMIT_POLICY,
-    RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT, X_RATELIMIT_REMAINING, denial,
-    each_rate_limit_header, grpc_denial, rate_limit_headers, retry_after_secs,
-    set_rate_limit_headers,
+    FieldValue, PROBLEM_JSON, Problem, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_LIMIT,
+    RATELIMIT_POLICY, RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, denial, each_rate_limit_header, grpc_denial, rate_limit_headers,
+    retry_after_secs, set_rate_limit_headers,
 };
 pub use limit::{Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture};
 pub use request::{HttpRequest, PeerAddr};

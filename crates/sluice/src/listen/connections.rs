@@ -304,6 +304,8 @@ impl<T> Tracked<T> {
     /// Envoy RLS denial, with its headers and problem body, is that big. On
     /// a socket without vectored writes h2 copies payloads below 1 KiB into
     /// its buffer instead, and the answers ready at once leave in one write.
+    /// A payload of 1 KiB or more then takes two writes rather than one
+    /// vectored write: a fair trade for a service whose answers are small.
     pub(crate) fn copying_writes(mut self) -> Self {
         self.copy_writes = true;
         self

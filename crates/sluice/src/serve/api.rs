@@ -786,7 +786,7 @@ async fn decide<C: Clock + Send + Sync + 'static>(
 fn decided(v: &Verdict) -> Response {
     let mut headers = BTreeMap::new();
     each_rate_limit_header(v, |name, value| {
-        headers.insert(name.as_str().to_owned(), value.to_owned());
+        headers.insert(name.as_str().to_owned(), value.into());
     });
     let (status, error) = if v.allowed {
         (StatusCode::OK, None)

@@ -310,21 +310,21 @@ fn response(
 
     // Straight into Envoy's list: these are the fields of every answer.
     let mut response_headers_to_add = Vec::with_capacity(9);
-    let mut add = |key: &str, value: &str| {
+    let mut add = |key: &str, value: String| {
         response_headers_to_add.push(HeaderValue {
             key: key.to_owned(),
-            value: value.to_owned(),
+            value,
             raw_value: Vec::new(),
         });
     };
-    each_rate_limit_header(verdict, |name, value| add(name.as_str(), value));
+    each_rate_limit_header(verdict, |name, value| add(name.as_str(), value.into()));
     let mut raw_body = Vec::new();
     if !verdict.allowed {
         let (_, body) = denial(verdict);
         raw_body = body;
         add(
             http::header::CONTENT_TYPE.as_str(),
-            PROBLEM_JSON.to_str().unwrap_or_default(),
+            PROBLEM_JSON.to_str().unwrap_or_default().to_owned(),
         );
     }
     let overall = if verdict.allowed {
