@@ -192,25 +192,29 @@ def main():
         goals.append((f"Envoy RLS, {label}: at least 0.80 of a bare tonic server's calls per server CPU-second",
                       f"{ratio:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {us} µs a call against {floor}",
                       ratio >= 0.8, "rls", ""))
-    proxy = num("proxy_cpu_ratio")
-    if proxy is not None:
-        r = rounds_range(serving.get("proxy_cpu_rounds"))
-        pus, nus = serving.get("proxy_us"), serving.get("nginx_us")
+    def against_nginx(key, label, us_key, nginx_key):
+        """A row of CPU per proxied request against nginx's; its ratio,
+        rounds and figures, or None when it was not measured."""
+        ratio = num(f"{key}_cpu_ratio")
+        if ratio is None:
+            return None
+        r = rounds_range(serving.get(f"{key}_cpu_rounds"))
+        us, nus = serving.get(us_key), serving.get(nginx_key)
         serving_lines.append(
-            f"| `sluice proxy` (one per-IP rule) ÷ nginx `proxy_pass`, CPU per request | {proxy:.2f} | "
-            f"{r[0]:.2f}–{r[1]:.2f} | {pus} µs against {nus} µs |"
+            f"| `sluice proxy` {label} ÷ nginx `proxy_pass`, CPU per request | {ratio:.2f} | "
+            f"{r[0]:.2f}–{r[1]:.2f} | {us} µs against {nus} µs |"
         )
+        return ratio, r, us, nus
+
+    with_rule = against_nginx("proxy", "(one per-IP rule)", "proxy_us", "nginx_us")
+    proxy = with_rule[0] if with_rule else None
+    if with_rule:
+        _, r, pus, nus = with_rule
         goals.append(("`sluice proxy`: at most 1.3× the CPU nginx spends on a proxied request",
                       f"{proxy:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {pus} µs against {nus}",
                       proxy <= 1.3, "proxy", ""))
-    bare = num("bare_cpu_ratio")
-    if bare is not None:
-        r = rounds_range(serving.get("bare_cpu_rounds"))
-        bus, bnus = serving.get("bare_us"), serving.get("bare_nginx_us")
-        serving_lines.append(
-            f"| `sluice proxy` with no rule ÷ nginx `proxy_pass`, CPU per request | {bare:.2f} | "
-            f"{r[0]:.2f}–{r[1]:.2f} | {bus} µs against {bnus} µs |"
-        )
+    no_rule = against_nginx("bare", "with no rule", "bare_us", "bare_nginx_us")
+    bare = no_rule[0] if no_rule else None
 
     # --- the document ----------------------------------------------------
     minutes = f"{args.seconds // 60} min {args.seconds % 60} s"
