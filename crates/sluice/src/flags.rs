@@ -4,6 +4,7 @@
 //! take the connection flags of `listen::Limits`; one whose use of a flag
 //! differs says so with `#[command(mut_arg(..))]`.
 
+use std::num::NonZeroUsize;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -37,4 +38,33 @@ pub(crate) struct StoreFlag {
         env = "SLUICE_STORE"
     )]
     pub(crate) choice: Option<String>,
+}
+
+/// `--threads`: how many threads a server, or a benchmark's client, runs
+/// its connections on.
+#[derive(Debug, Default, Args)]
+pub(crate) struct Threads {
+    /// Worker threads; one for each CPU this process may use unless given.
+    /// On one thread the process runs tokio's single-threaded scheduler,
+    /// which answers the same and costs less per request than a
+    /// multi-threaded one with a single worker.
+    #[arg(
+        id = "threads",
+        long = "threads",
+        value_name = "N",
+        env = "SLUICE_THREADS",
+        value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024),
+    )]
+    pub(crate) count: Option<usize>,
+}
+
+impl Threads {
+    /// The number given, or the CPUs this process may use (its affinity
+    /// mask and CPU quota), or one when that cannot be read.
+    pub(crate) fn get(&self) -> NonZeroUsize {
+        self.count
+            .and_then(NonZeroUsize::new)
+            .or_else(|| std::thread::available_parallelism().ok())
+            .unwrap_or(NonZeroUsize::MIN)
+    }
 }

@@ -18,14 +18,15 @@ const BIN: &str = env!("CARGO_BIN_EXE_sluice");
 /// Starts `sluice bench baseline` on a free port and returns it with the
 /// address it printed.
 fn baseline() -> (Server, SocketAddr) {
-    bare("baseline")
+    bare("baseline", &[])
 }
 
-/// Starts the bare server `sluice bench <kind>` on a free port and returns
-/// it with the address it printed.
-fn bare(kind: &str) -> (Server, SocketAddr) {
+/// Starts the bare server `sluice bench <kind>` with the flags `rest` on a
+/// free port and returns it with the address it printed.
+fn bare(kind: &str, rest: &[&str]) -> (Server, SocketAddr) {
     let mut child = Command::new(BIN)
         .args(["bench", kind, "--listen", "127.0.0.1:0"])
+        .args(rest)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -42,11 +43,21 @@ fn bare(kind: &str) -> (Server, SocketAddr) {
 /// listener named by `wait_for` accepts connections. Returns the HTTP and
 /// gRPC addresses.
 fn serve(policy: &str, wait_for: Listener) -> (Server, tempfile::TempDir, SocketAddr, SocketAddr) {
+    serve_with(policy, wait_for, &[])
+}
+
+/// [`serve`] with the further flags `rest`.
+fn serve_with(
+    policy: &str,
+    wait_for: Listener,
+    rest: &[&str],
+) -> (Server, tempfile::TempDir, SocketAddr, SocketAddr) {
     let (dir, path) = policy_file(policy);
     let (args, http, grpc) = serve_args(&path);
     let server = Server(
         sluice()
             .args(args)
+            .args(rest)
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap(),
@@ -244,7 +255,7 @@ fn grpc_against_serve_counts_over_limit() {
 
 #[test]
 fn grpc_against_the_rls_baseline_is_all_ok() {
-    let (_server, addr) = bare("rls-baseline");
+    let (_server, addr) = bare("rls-baseline", &[]);
     let j = quick_json(
         "grpc",
         &addr.to_string(),
@@ -262,6 +273,41 @@ fn grpc_against_the_rls_baseline_is_all_ok() {
     assert!(requests > 0, "{j}");
     assert_eq!(count(&j, "ok"), requests, "{j}");
     assert_percentiles_ordered(&j);
+}
+
+/// `--threads 1` puts every server and the client on tokio's
+/// single-threaded scheduler: each still answers, and decides, as it does
+/// on several threads.
+#[test]
+fn servers_and_the_client_on_one_thread_answer_as_on_several() {
+    let one = ["--threads", "1"];
+    let (_serve, _dir, http, grpc) = serve_with(TINY_POLICY, Listener::Grpc, &one);
+    let (_baseline, bare_http) = bare("baseline", &one);
+    let (_floor, bare_grpc) = bare("rls-baseline", &one);
+
+    let j = quick_json("http", &bare_http.to_string(), "0.5", &one);
+    assert_eq!(
+        count(&j, "status_2xx"),
+        j["requests"].as_u64().unwrap(),
+        "{j}"
+    );
+    assert_eq!(j["client_threads"], 1, "{j}");
+    let j = quick_json("grpc", &bare_grpc.to_string(), "0.5", &one);
+    assert_eq!(count(&j, "ok"), j["requests"].as_u64().unwrap(), "{j}");
+
+    // As in `http_against_serve_counts_429s`: six admitted over three keys.
+    let mut rest = vec!["--concurrency", "4", "--keys", "3"];
+    rest.extend_from_slice(&one);
+    let j = quick_json("http", &http.to_string(), "0.5", &rest);
+    let (ok, denied) = (count(&j, "status_2xx"), count(&j, "status_429"));
+    assert!(ok > 0 && ok <= 6, "{j}");
+    assert_eq!(ok + denied, j["requests"].as_u64().unwrap(), "{j}");
+    // A decision over gRPC on the same single thread, for a rule of its own.
+    rest.extend_from_slice(&["--descriptor", "tenant=acme", "--descriptor", "user={key}"]);
+    let j = quick_json("grpc", &grpc.to_string(), "0.5", &rest);
+    let (ok, over) = (count(&j, "ok"), count(&j, "over_limit"));
+    assert!(ok > 0 && ok <= 6, "{j}");
+    assert!(over > 0, "{j}");
 }
 
 /// A server on a free port that hands every connection to `handle`, each
@@ -350,6 +396,8 @@ fn refused(args: &[&str]) -> String {
 fn bad_command_lines_fail_with_a_clear_message() {
     let e = refused(&["http", "--target", "127.0.0.1:9", "--concurrency", "0"]);
     assert!(e.contains("--concurrency"), "{e}");
+    let e = refused(&["http", "--target", "127.0.0.1:9", "--threads", "0"]);
+    assert!(e.contains("--threads"), "{e}");
     let e = refused(&["http", "--target", "not a target", "--duration", "0.1"]);
     assert!(e.contains("not a target"), "{e}");
     let e = refused(&["grpc", "--target", "https://h:1", "--duration", "0.1"]);

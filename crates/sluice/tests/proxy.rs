@@ -713,9 +713,22 @@ async fn stopping_lets_requests_in_flight_finish() {
 #[cfg(unix)]
 #[tokio::test]
 async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
+    proxies_reloads_and_stops(&[]).await;
+}
+
+/// The same on tokio's single-threaded scheduler, which the proxy runs on
+/// when it may use one CPU only.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_binary_on_one_thread_proxies_reloads_its_policy_and_stops_on_sigterm() {
+    proxies_reloads_and_stops(&[("SLUICE_THREADS", "1")]).await;
+}
+
+#[cfg(unix)]
+async fn proxies_reloads_and_stops(env: &[(&str, &str)]) {
     let (up, seen) = start_upstream().await;
     let (dir, path) = policy_file(THREE);
-    let (mut bin, listen, admin) = spawn_proxy(up, &path, &[]).await;
+    let (mut bin, listen, admin) = spawn_proxy(up, &path, env).await;
     let client = reqwest::Client::new();
     let base = format!("http://{listen}");
     let admin = format!("http://{admin}");

@@ -39,12 +39,14 @@ pub(super) struct BaselineArgs {
     /// the service it fronts, not against an empty one).
     #[arg(long, default_value_t = 0.0, value_parser = super::non_negative_ms)]
     delay_ms: f64,
+    #[command(flatten)]
+    threads: crate::flags::Threads,
 }
 
 /// Serves until the process is stopped (SIGTERM, SIGINT: nothing to clean
 /// up, so the default action is right).
 pub(super) fn run(args: &BaselineArgs) -> anyhow::Result<()> {
-    super::runtime(None)?.block_on(async {
+    super::runtime(&args.threads)?.block_on(async {
         let listener = super::announce(args.listen).await?;
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {

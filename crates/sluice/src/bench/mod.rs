@@ -31,6 +31,8 @@ use tokio::time::Instant;
 
 use report::{Protocol, Tally};
 
+use crate::flags::Threads;
+
 /// Arguments of `sluice bench`.
 #[derive(Debug, Args)]
 pub(crate) struct BenchArgs {
@@ -87,10 +89,8 @@ struct LoadArgs {
     /// No progress lines on standard error.
     #[arg(long, short)]
     quiet: bool,
-    /// Runtime threads for the client; defaults to the CPUs this process may
-    /// run on.
-    #[arg(long, value_parser = clap::value_parser!(u32).range(1..=1024))]
-    threads: Option<u32>,
+    #[command(flatten)]
+    threads: Threads,
 }
 
 /// A number of seconds from the command line.
@@ -202,8 +202,8 @@ impl Target {
 
 pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     match args.command {
-        BenchCommand::Http(a) => runtime(a.load.threads)?.block_on(http::run(&a)),
-        BenchCommand::Grpc(a) => runtime(a.load.threads)?.block_on(grpc::run(&a)),
+        BenchCommand::Http(a) => runtime(&a.load.threads)?.block_on(http::run(&a)),
+        BenchCommand::Grpc(a) => runtime(&a.load.threads)?.block_on(grpc::run(&a)),
         BenchCommand::Baseline(a) => baseline::run(&a),
         BenchCommand::RlsBaseline(a) => rls_baseline::run(&a),
     }
@@ -221,13 +221,10 @@ async fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::Tc
     Ok(listener)
 }
 
-fn runtime(threads: Option<u32>) -> anyhow::Result<tokio::runtime::Runtime> {
-    let mut b = tokio::runtime::Builder::new_multi_thread();
-    b.enable_all();
-    if let Some(n) = threads {
-        b.worker_threads(n as usize);
-    }
-    b.build().context("cannot start the async runtime")
+/// The runtime a client or a bare server runs on: the same as `serve`'s,
+/// so that the two sides of a comparison schedule alike.
+fn runtime(threads: &Threads) -> anyhow::Result<tokio::runtime::Runtime> {
+    crate::server::runtime(threads).context("cannot start the async runtime")
 }
 
 /// When the run's phases start and end.

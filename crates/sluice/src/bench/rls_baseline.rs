@@ -31,6 +31,8 @@ pub(super) struct RlsBaselineArgs {
     /// printed on standard output once the server accepts connections.
     #[arg(long, default_value = "127.0.0.1:8091")]
     listen: SocketAddr,
+    #[command(flatten)]
+    threads: crate::flags::Threads,
 }
 
 /// Answers every call with `OK`.
@@ -62,7 +64,7 @@ impl RateLimitService for AlwaysOk {
 /// Serves until the process is stopped (SIGTERM, SIGINT: nothing to clean
 /// up, so the default action is right).
 pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
-    super::runtime(None)?.block_on(async {
+    super::runtime(&args.threads)?.block_on(async {
         let tcp = super::announce(args.listen).await?;
         // `sluice serve`'s listener, with its default limits, and its
         // server, with its default call timeout.

@@ -58,7 +58,7 @@ pub use admin::paths as admin_paths;
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
 use crate::dashboard::Dashboard;
-use crate::flags::{PolicyFile, StoreFlag};
+use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
 use crate::server::{Loaded, Metrics, Stop};
 
@@ -99,6 +99,8 @@ pub struct ProxyArgs {
     pub(crate) admin_token: Option<String>,
     #[command(flatten)]
     pub(crate) limits: Limits,
+    #[command(flatten)]
+    pub(crate) threads: Threads,
 }
 
 pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
@@ -114,7 +116,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
     let loaded = Loaded::read(&args.policy.path)?;
-    crate::server::runtime()?.block_on(async move {
+    crate::server::runtime(&args.threads)?.block_on(async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);

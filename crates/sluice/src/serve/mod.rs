@@ -26,7 +26,7 @@ pub use rls::{Rls, serve_grpc};
 pub use crate::dashboard::Dashboard;
 pub use crate::server::{AnyStore, Metrics};
 
-use crate::flags::{PolicyFile, StoreFlag};
+use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
 use crate::server::{Loaded, Stop};
 
@@ -67,6 +67,8 @@ pub(crate) struct ServeArgs {
     pub(crate) max_inline_limits: usize,
     #[command(flatten)]
     pub(crate) limits: Limits,
+    #[command(flatten)]
+    pub(crate) threads: Threads,
 }
 
 pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
@@ -77,7 +79,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         Some(file) => Loaded::read(&file.path)?,
         None => Loaded::fixed(Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?),
     };
-    crate::server::runtime()?.block_on(async move {
+    crate::server::runtime(&args.threads)?.block_on(async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());

@@ -18,9 +18,63 @@ pub(crate) use logs::init_logs;
 pub(crate) use reload::Loaded;
 pub(crate) use signals::{Stop, shutdown_signal};
 
-/// The multi-threaded runtime a server runs on.
-pub(crate) fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
+/// The runtime a server runs on: as many worker threads as `threads` says.
+///
+/// With one thread it is tokio's current-thread scheduler. A multi-thread
+/// scheduler with a single worker runs the same tasks in the same order
+/// but still pays for sharing work between threads it does not have;
+/// `docs/performance.md` has what that costs a request.
+pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio::runtime::Runtime> {
+    let n = threads.get().get();
+    let mut builder = if n == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(n);
+        b
+    };
+    builder.enable_all().build()
+}
+
+#[cfg(test)]
+mod tests {
+    use tokio::runtime::RuntimeFlavor;
+
+    use super::runtime;
+    use crate::flags::Threads;
+
+    fn on(count: Option<usize>) -> tokio::runtime::Runtime {
+        runtime(&Threads { count }).unwrap()
+    }
+
+    #[test]
+    fn one_thread_runs_the_single_threaded_scheduler() {
+        let rt = on(Some(1));
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::CurrentThread);
+        // Spawned tasks run while the server's future is driven.
+        assert_eq!(
+            rt.block_on(async { tokio::spawn(async { 7 }).await.unwrap() }),
+            7
+        );
+    }
+
+    #[test]
+    fn several_threads_run_that_many_workers() {
+        let rt = on(Some(3));
+        assert_eq!(rt.handle().runtime_flavor(), RuntimeFlavor::MultiThread);
+        assert_eq!(rt.metrics().num_workers(), 3);
+    }
+
+    #[test]
+    fn without_a_count_there_is_a_thread_for_each_cpu_the_process_may_use() {
+        let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+        let rt = on(None);
+        assert_eq!(rt.metrics().num_workers(), cpus);
+        let flavor = if cpus == 1 {
+            RuntimeFlavor::CurrentThread
+        } else {
+            RuntimeFlavor::MultiThread
+        };
+        assert_eq!(rt.handle().runtime_flavor(), flavor);
+    }
 }
