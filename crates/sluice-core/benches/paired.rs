@@ -233,11 +233,11 @@ fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
             filled = Some((*n, *fill, *case as usize, keys, sides));
         }
         let (_, _, _, keys, sides) = filled.as_ref().unwrap();
-        let walk = (shape.walk)(*n, *threads);
+        let (visited, walk) = (shape.walk)(*n, *threads).laid_out(keys);
         // The ratio is governor's time over sluice's.
         let p = pair(
             timing,
-            keys,
+            &visited,
             &walk,
             *threads,
             &|k: &String| sides.sluice(k),

@@ -116,6 +116,28 @@ impl Walk {
     }
 }
 
+impl Walk {
+    /// Copies of `keys` laid out in the order this walk visits them, one
+    /// per visit, and the walk over those copies: each call's key is then
+    /// read from memory just after the last one's, as a key a server has
+    /// just built from a request is in cache. Only the limiters' own
+    /// memory is left to be visited at random. (A walk that jumps among
+    /// the keys, as Zipf's does, would otherwise miss the cache on the key
+    /// string itself, a cost on both sides that no server pays.)
+    pub(crate) fn laid_out(&self, keys: &[String]) -> (Vec<String>, Walk) {
+        let copies = self
+            .visits
+            .iter()
+            .map(|&v| keys[v as usize].clone())
+            .collect();
+        let walk = Walk {
+            visits: (0..self.visits.len() as u32).collect(),
+            gap: self.gap,
+        };
+        (copies, walk)
+    }
+}
+
 /// In which order the keys are first decided, which for governor is the
 /// order its map's copies of the keys are laid out in memory.
 #[derive(Clone, Copy, PartialEq, Eq)]
