@@ -192,7 +192,7 @@ def main():
         goals.append((f"Envoy RLS, {label}: at least 0.80 of a bare tonic server's calls per server CPU-second",
                       f"{ratio:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {us} µs a call against {floor}",
                       ratio >= 0.8, "rls", ""))
-    def against_nginx(key, label, us_key, nginx_key):
+    def against_nginx(key, subject, us_key, nginx_key):
         """A row of CPU per proxied request against nginx's; its ratio,
         rounds and figures, or None when it was not measured."""
         ratio = num(f"{key}_cpu_ratio")
@@ -201,20 +201,22 @@ def main():
         r = rounds_range(serving.get(f"{key}_cpu_rounds"))
         us, nus = serving.get(us_key), serving.get(nginx_key)
         serving_lines.append(
-            f"| `sluice proxy` {label} ÷ nginx `proxy_pass`, CPU per request | {ratio:.2f} | "
+            f"| {subject} ÷ nginx `proxy_pass`, CPU per request | {ratio:.2f} | "
             f"{r[0]:.2f}–{r[1]:.2f} | {us} µs against {nus} µs |"
         )
         return ratio, r, us, nus
 
-    with_rule = against_nginx("proxy", "(one per-IP rule)", "proxy_us", "nginx_us")
+    with_rule = against_nginx("proxy", "`sluice proxy` (one per-IP rule)", "proxy_us", "nginx_us")
     proxy = with_rule[0] if with_rule else None
     if with_rule:
         _, r, pus, nus = with_rule
         goals.append(("`sluice proxy`: at most 1.3× the CPU nginx spends on a proxied request",
                       f"{proxy:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {pus} µs against {nus}",
                       proxy <= 1.3, "proxy", ""))
-    no_rule = against_nginx("bare", "with no rule", "bare_us", "bare_nginx_us")
+    no_rule = against_nginx("bare", "`sluice proxy` with no rule", "bare_us", "bare_nginx_us")
     bare = no_rule[0] if no_rule else None
+    nginx_headers = against_nginx("headers", "nginx adding the rule's seven RateLimit headers",
+                                  "headers_us", "headers_nginx_us")
 
     # --- the document ----------------------------------------------------
     minutes = f"{args.seconds // 60} min {args.seconds % 60} s"
@@ -248,7 +250,12 @@ buckets full again by the next call, *allowed_held* with every key held
 short of full, or *denied*. The sides alternate in 50 ms slices of the
 same number of decisions for 15 rounds, and each round's ratio compares
 two slices timed next to each other. The ratio is governor's time over
-Sluice's: above 1, Sluice is faster.
+Sluice's: above 1, Sluice is faster. Each call's key is read from copies
+laid out in the order the walk visits them, as a key a server has just
+built from a request is in cache, so that only the limiters' own memory
+is visited at random. Until commit `6b150a4` the Zipf walk read its keys
+where they were first made, missed the cache on the key string itself
+on both sides, and gave ratios of 1.19 to 1.40.
 """)
     doc.extend(keyed_lines)
     doc.append(f"""
@@ -321,11 +328,19 @@ list without an `http` header map and from a cheaper top-keys summary.
         rule = (f"The per-IP rule adds about {rule_us:.1f} µs a request (the row above it, less this "
                 "one, from two comparisons of the same run)" if rule_us > 0 else
                 "What the per-IP rule adds is within the noise of this run")
-        why_figures["bare_paragraph"] = f"""The last serving row is the proxy with no rule at all: {bare:.2f}×
+        why_figures["bare_paragraph"] = f"""One serving row is the proxy with no rule at all: {bare:.2f}×
 nginx's CPU a request, {serving.get("bare_us")} µs against {serving.get("bare_nginx_us")} µs. That is
 hyper's HTTP/1 on both sides and tokio's scheduling, before any rate
 limiting, and it is {against} by itself. {rule}: the key, the
 decision, and the RateLimit headers on every response."""
+        if nginx_headers is not None:
+            h, _, hus, hnus = nginx_headers
+            why_figures["bare_paragraph"] += f""" The headers' bytes
+alone cost any proxy: nginx made to add the same seven headers, values of
+the same lengths, spends {h:.2f}× its own CPU a request ({hus} µs against
+{hnus} µs, the last serving row), although it computes nothing. `perf record` of
+the proxy with and without the rule puts about half of what the rule
+adds in the kernel, sending the longer responses."""
         why_figures["bare_paragraph"] = textwrap.fill(why_figures["bare_paragraph"], 72) + "\n"
     missed = [g for g in goals if not g[2]]
     if missed:
@@ -414,12 +429,13 @@ miss comes back and Sluice stays ahead.
 
 Zipf traffic sends most calls to a few thousand keys, which stay in
 cache on both sides, so the table's cache miss that separates the two at
-1M shuffled keys happens only for the tail. In `perf record` of
-`SLUICE_PAIRED_ONLY=zipf:allowed_held/1Mkeys/1threads`, 79% of Sluice's
-`single_locked` time is still that miss, for the tail keys. Both sides
-hash the key with SipHash, about a tenth of all samples, and governor
-also compares the key string. What is left is each side's work per
-decision, where Sluice leads by less than at 1M shuffled keys.
+1M shuffled keys happens only for the tail. The closest cases are those
+where every key keeps a state (*allowed_held*): in `perf record` of
+`SLUICE_PAIRED_ONLY=zipf:allowed_held/1Mkeys/1threads`, about 17% of the
+samples are Sluice's `single_locked`, most of it the load of a tail
+key's slot, besides SipHash; governor's map lookup and its comparison with
+its copy of the key are about 42%. On two threads both sides also meet
+on the hottest keys, and the rounds' ratios spread widely.
 """,
     "rls": """### Envoy RLS against a bare tonic server
 
@@ -436,16 +452,27 @@ row).
     "proxy": """### `sluice proxy` against nginx
 
 {bare_paragraph}The two proxies make the same
-system calls a request, two `writev` and two `recvfrom` (`perf stat -e
-'syscalls:sys_enter_*'` on the proxy and on nginx's worker). `perf
-record --call-graph dwarf` splits their time: nginx's worker spent about
-3 µs a request in user space and 12 µs in the kernel, the proxy about
-9 µs and 14 µs. Of the proxy's user time, the rate limit layer is about
-2 µs and forwarding about 1.5 µs; the rest is parsing and writing both
-connections' messages, and passing each request between the client
-connection's task and the upstream connection's task, which nginx does
-in one event loop. A proxied request takes about 44,300 instructions
-under callgrind.
+system calls a request, two `writev` and two `recvfrom`, and nearly as
+many context switches, 0.45 a request against nginx's 0.38 (`perf stat
+-e 'syscalls:sys_enter_*,context-switches'` on the proxy and on nginx's
+worker). `perf record --call-graph dwarf` splits their time: nginx's
+worker spends about 3 µs a request in user space and 12 µs in the
+kernel, the proxy with its rule about 8 µs and 14 µs. Of the proxy's
+user time, the rate limit layer is about 1.5 µs and forwarding about
+1.5 µs; the rest is parsing and writing both connections' messages, and
+passing each request between the client connection's task and the
+upstream connection's task, which nginx does in one event loop. A
+proxied request took about 44,300 instructions under callgrind at
+commit `7d83888`.
+
+Pinned to one CPU, as here, the proxy now runs tokio's single-threaded
+scheduler (`--threads`, which defaults to the CPUs the process may use).
+Before, it ran the multi-threaded one with a single worker, which
+decides the same but cost about 3 µs more a request, most of it in 0.68
+context switches a request instead of 0.45: `scripts/bench-report` at
+commit `83dedc6` measured 1.42× nginx. The bare servers the other
+comparisons use build their runtime the same way, so those ratios
+compare like with like.
 """,
 }
 
