@@ -308,6 +308,25 @@ fn servers_and_the_client_on_one_thread_answer_as_on_several() {
     let (ok, over) = (count(&j, "ok"), count(&j, "over_limit"));
     assert!(ok > 0 && ok <= 6, "{j}");
     assert!(over > 0, "{j}");
+    // And serve says so.
+    let metrics = get(http, "/metrics");
+    assert!(
+        metrics.contains(r#"sluice_runtime_workers{scheduler="current_thread"} 1"#),
+        "{metrics}"
+    );
+}
+
+/// The body of `GET path` on `addr`, over HTTP/1.0 so that the server
+/// closes the connection when it is done.
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
 }
 
 /// A server on a free port that hands every connection to `handle`, each

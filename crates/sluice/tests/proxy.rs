@@ -713,7 +713,7 @@ async fn stopping_lets_requests_in_flight_finish() {
 #[cfg(unix)]
 #[tokio::test]
 async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
-    proxies_reloads_and_stops(&[]).await;
+    proxies_reloads_and_stops(&[], None).await;
 }
 
 /// The same on tokio's single-threaded scheduler, which the proxy runs on
@@ -721,11 +721,17 @@ async fn the_binary_proxies_reloads_its_policy_and_stops_on_sigterm() {
 #[cfg(unix)]
 #[tokio::test]
 async fn the_binary_on_one_thread_proxies_reloads_its_policy_and_stops_on_sigterm() {
-    proxies_reloads_and_stops(&[("SLUICE_THREADS", "1")]).await;
+    proxies_reloads_and_stops(
+        &[("SLUICE_THREADS", "1")],
+        Some(r#"sluice_runtime_workers{scheduler="current_thread"} 1"#),
+    )
+    .await;
 }
 
+/// Runs the proxy binary with `env`; `/metrics` must show `runtime` when
+/// given, and some scheduler in any case.
 #[cfg(unix)]
-async fn proxies_reloads_and_stops(env: &[(&str, &str)]) {
+async fn proxies_reloads_and_stops(env: &[(&str, &str)], runtime: Option<&str>) {
     let (up, seen) = start_upstream().await;
     let (dir, path) = policy_file(THREE);
     let (mut bin, listen, admin) = spawn_proxy(up, &path, env).await;
@@ -773,6 +779,10 @@ async fn proxies_reloads_and_stops(env: &[(&str, &str)]) {
         "{metrics}"
     );
     assert!(metrics.contains("sluice_policy_reloads_total"), "{metrics}");
+    assert!(
+        metrics.contains(runtime.unwrap_or("sluice_runtime_workers{scheduler=")),
+        "{metrics}"
+    );
 
     bin.terminate(PATIENCE).await;
 }

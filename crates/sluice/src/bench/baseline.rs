@@ -29,6 +29,9 @@ const ANSWER: &str = r#"{"allowed":true,"limit":20,"remaining":19,"retry_after":
 
 /// Arguments of `sluice bench baseline`.
 #[derive(Debug, Args)]
+// A benchmark's threads are its own: `SLUICE_THREADS`, set for a server,
+// does not reach it.
+#[command(mut_arg("threads", |a| a.env(None::<&'static str>)))]
 pub(super) struct BaselineArgs {
     /// Where to listen; port 0 picks a free one. The address bound is
     /// printed on standard output once the server accepts connections.

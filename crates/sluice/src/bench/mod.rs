@@ -62,6 +62,9 @@ enum BenchCommand {
 
 /// The options every load run has.
 #[derive(Debug, Args)]
+// A benchmark's threads are its own: `SLUICE_THREADS`, set for a server,
+// does not reach it.
+#[command(mut_arg("threads", |a| a.env(None::<&'static str>)))]
 struct LoadArgs {
     /// The server, as `host:port` or `http://host:port`.
     #[arg(long, short)]

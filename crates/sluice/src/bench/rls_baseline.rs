@@ -26,6 +26,9 @@ use crate::listen::{Limits, Listener};
 
 /// Arguments of `sluice bench rls-baseline`.
 #[derive(Debug, Args)]
+// A benchmark's threads are its own: `SLUICE_THREADS`, set for a server,
+// does not reach it.
+#[command(mut_arg("threads", |a| a.env(None::<&'static str>)))]
 pub(super) struct RlsBaselineArgs {
     /// Where to listen; port 0 picks a free one. The address bound is
     /// printed on standard output once the server accepts connections.

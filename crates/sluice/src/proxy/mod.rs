@@ -130,6 +130,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             metrics: Metrics::global(),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
         });
+        crate::server::publish_runtime();
         let reloaded = Arc::clone(&status);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = TcpListener::bind(args.listen)

@@ -90,6 +90,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),
         });
+        crate::server::publish_runtime();
         let reloaded = Arc::clone(&state);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = TcpListener::bind(args.http)

@@ -17,8 +17,11 @@ const UPKEEP: Duration = Duration::from_secs(1);
 pub struct Metrics(PrometheusHandle);
 
 impl Metrics {
-    /// The process's recorder, installed on first use. A process has one
-    /// global recorder, so every server in it (tests start several) shares it.
+    /// The process's recorder, installed on first use, with a thread that
+    /// folds histogram samples into their buckets every second. A process
+    /// has one global recorder, so every server in it (tests start several)
+    /// shares it and its thread. `None` when another recorder is installed
+    /// already, or the thread cannot start.
     pub fn global() -> Option<Metrics> {
         static HANDLE: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
         HANDLE
@@ -31,12 +34,13 @@ impl Metrics {
                     .ok()?
                     .build_recorder();
                 let handle = recorder.handle();
-                metrics::set_global_recorder(recorder).ok()?;
                 // A recorder built this way leaves the folding to its owner;
                 // a scrape of `/metrics` folds too, but nothing says anyone
                 // scrapes, and the samples would pile up without end. A
                 // thread of its own, since the first server in a process
-                // may not have started its runtime yet.
+                // may not have started its runtime yet; started before the
+                // recorder is installed, so that no sample is recorded
+                // without it.
                 let upkeep = handle.clone();
                 std::thread::Builder::new()
                     .name("sluice-metrics".into())
@@ -47,6 +51,7 @@ impl Metrics {
                         }
                     })
                     .ok()?;
+                metrics::set_global_recorder(recorder).ok()?;
                 Some(handle)
             })
             .clone()

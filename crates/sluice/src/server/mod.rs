@@ -20,10 +20,12 @@ pub(crate) use signals::{Stop, shutdown_signal};
 
 /// The runtime a server runs on: as many worker threads as `threads` says.
 ///
-/// With one thread it is tokio's current-thread scheduler. A multi-thread
-/// scheduler with a single worker runs the same tasks in the same order
-/// but still pays for sharing work between threads it does not have;
-/// `docs/performance.md` has what that costs a request.
+/// With one thread it is tokio's current-thread scheduler, which runs the
+/// server's own future and every task it spawns on the calling thread. A
+/// multi-thread scheduler with a single worker would run the accept loops
+/// on the calling thread and the connections on the worker: two busy
+/// threads on one CPU, handing work across; `docs/performance.md` has what
+/// that cost a request.
 pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio::runtime::Runtime> {
     let n = threads.get().get();
     let mut builder = if n == 1 {
@@ -34,6 +36,21 @@ pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio:
         b
     };
     builder.enable_all().build()
+}
+
+/// Publishes `sluice_runtime_workers{scheduler}`: how many threads run the
+/// server's tasks, and on which scheduler (`current_thread` or
+/// `multi_thread`), so that an operator sees what `--threads`, or the CPUs
+/// it defaulted to, chose. Called on the runtime, once the recorder is
+/// installed.
+pub(crate) fn publish_runtime() {
+    let handle = tokio::runtime::Handle::current();
+    let scheduler = match handle.runtime_flavor() {
+        tokio::runtime::RuntimeFlavor::CurrentThread => "current_thread",
+        _ => "multi_thread",
+    };
+    ::metrics::gauge!("sluice_runtime_workers", "scheduler" => scheduler)
+        .set(handle.metrics().num_workers() as f64);
 }
 
 #[cfg(test)]
