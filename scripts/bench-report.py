@@ -192,31 +192,30 @@ def main():
         goals.append((f"Envoy RLS, {label}: at least 0.80 of a bare tonic server's calls per server CPU-second",
                       f"{ratio:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {us} µs a call against {floor}",
                       ratio >= 0.8, "rls", ""))
-    def against_nginx(key, subject, us_key, nginx_key):
+    def against_nginx(key, subject):
         """A row of CPU per proxied request against nginx's; its ratio,
         rounds and figures, or None when it was not measured."""
         ratio = num(f"{key}_cpu_ratio")
         if ratio is None:
             return None
         r = rounds_range(serving.get(f"{key}_cpu_rounds"))
-        us, nus = serving.get(us_key), serving.get(nginx_key)
+        us, nus = serving.get(f"{key}_us"), serving.get(f"{key}_nginx_us")
         serving_lines.append(
             f"| {subject} ÷ nginx `proxy_pass`, CPU per request | {ratio:.2f} | "
             f"{r[0]:.2f}–{r[1]:.2f} | {us} µs against {nus} µs |"
         )
         return ratio, r, us, nus
 
-    with_rule = against_nginx("proxy", "`sluice proxy` (one per-IP rule)", "proxy_us", "nginx_us")
+    with_rule = against_nginx("proxy", "`sluice proxy` (one per-IP rule)")
     proxy = with_rule[0] if with_rule else None
     if with_rule:
         _, r, pus, nus = with_rule
         goals.append(("`sluice proxy`: at most 1.3× the CPU nginx spends on a proxied request",
                       f"{proxy:.2f} (rounds {r[0]:.2f}–{r[1]:.2f}); {pus} µs against {nus}",
                       proxy <= 1.3, "proxy", ""))
-    no_rule = against_nginx("bare", "`sluice proxy` with no rule", "bare_us", "bare_nginx_us")
+    no_rule = against_nginx("bare", "`sluice proxy` with no rule")
     bare = no_rule[0] if no_rule else None
-    nginx_headers = against_nginx("headers", "nginx adding the rule's seven RateLimit headers",
-                                  "headers_us", "headers_nginx_us")
+    nginx_headers = against_nginx("headers", "nginx adding the rule's seven RateLimit headers")
 
     # --- the document ----------------------------------------------------
     minutes = f"{args.seconds // 60} min {args.seconds % 60} s"

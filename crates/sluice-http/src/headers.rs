@@ -396,45 +396,7 @@ impl Problem {
             Err(_) => Vec::new(),
         }
     }
-}
 
-/// `application/problem+json`.
-pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
-
-/// The status and problem-details body of a denied request, with the
-/// content type to send it under.
-///
-/// ```
-/// use sluice_core::Decision;
-/// use sluice_http::{RuleDecision, Verdict, denial};
-/// let v = Verdict {
-///     allowed: false,
-///     rules: vec![RuleDecision {
-///         rule: "per-ip".into(),
-///         key: "k".into(),
-///         cost: 1.0,
-///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
-///         window: 1.0,
-///         in_flight: false,
-///     }],
-///     deciding: Some(0),
-///     retry_after: Some(2.5),
-///     ..Verdict::default()
-/// };
-/// let (status, body) = denial(&v);
-/// assert_eq!(status, 429);
-/// let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
-/// assert_eq!(body["rule"], "per-ip");
-/// assert_eq!(body["retry_after"], 2.5);
-/// assert_eq!(body["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded");
-/// assert_eq!(body["violated-policies"], serde_json::json!(["per-ip"]));
-/// ```
-pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
-    let problem = Problem::denial(v);
-    (problem.status(), problem.to_json())
-}
-
-impl Problem {
     /// The problem a denied request is answered with: [`denial`]'s body,
     /// before it is written out.
     ///
@@ -473,6 +435,42 @@ impl Problem {
     pub fn detail(&self) -> &str {
         &self.detail
     }
+}
+
+/// `application/problem+json`.
+pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+/// The status and problem-details body of a denied request, with the
+/// content type to send it under.
+///
+/// ```
+/// use sluice_core::Decision;
+/// use sluice_http::{RuleDecision, Verdict, denial};
+/// let v = Verdict {
+///     allowed: false,
+///     rules: vec![RuleDecision {
+///         rule: "per-ip".into(),
+///         key: "k".into(),
+///         cost: 1.0,
+///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
+///         window: 1.0,
+///         in_flight: false,
+///     }],
+///     deciding: Some(0),
+///     retry_after: Some(2.5),
+///     ..Verdict::default()
+/// };
+/// let (status, body) = denial(&v);
+/// assert_eq!(status, 429);
+/// let body: serde_json::Value = serde_json::from_slice(&body).unwrap();
+/// assert_eq!(body["rule"], "per-ip");
+/// assert_eq!(body["retry_after"], 2.5);
+/// assert_eq!(body["type"], "https://iana.org/assignments/http-problem-types#quota-exceeded");
+/// assert_eq!(body["violated-policies"], serde_json::json!(["per-ip"]));
+/// ```
+pub fn denial(v: &Verdict) -> (StatusCode, Vec<u8>) {
+    let problem = Problem::denial(v);
+    (problem.status(), problem.to_json())
 }
 
 /// The HTTP status of a denial and a sentence on why.

@@ -61,10 +61,8 @@ pub(crate) struct Threads {
 impl Threads {
     /// The number given, or the CPUs this process may use (its affinity
     /// mask and CPU quota), or one when that cannot be read.
-    pub(crate) fn get(&self) -> NonZeroUsize {
+    pub(crate) fn get(&self) -> usize {
         self.count
-            .and_then(NonZeroUsize::new)
-            .or_else(|| std::thread::available_parallelism().ok())
-            .unwrap_or(NonZeroUsize::MIN)
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
     }
 }

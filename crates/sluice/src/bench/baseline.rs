@@ -2,11 +2,11 @@
 //! `sluice serve` to be measured against, and a trivial upstream for
 //! `sluice proxy`.
 //!
-//! It runs what `sluice serve` runs under its router (tokio's multi-thread
-//! runtime, hyper-util's HTTP/1 + HTTP/2 auto builder, and connections with
-//! `TCP_NODELAY`, as serve's listener sets them) and answers every request,
-//! whatever its method and
-//! path, with a fixed body shaped like `/v1/limit`'s answer. The difference
+//! It runs what `sluice serve` runs under its router (the runtime serve
+//! builds for the same `--threads`, hyper-util's HTTP/1 + HTTP/2 auto
+//! builder, and connections with `TCP_NODELAY`, as serve's listener sets
+//! them) and answers every request, whatever its method and path, with a
+//! fixed body shaped like `/v1/limit`'s answer. The difference
 //! between the two is then what a decision costs: routing, parsing the
 //! call, the limiter and serializing the answer.
 

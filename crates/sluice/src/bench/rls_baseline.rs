@@ -3,10 +3,10 @@
 //! `sluice bench baseline` is for its HTTP API.
 //!
 //! It runs what `sluice serve` runs for RLS (serve's listener, and tonic's
-//! server with the same call timeout and HTTP/2 keep-alive, on tokio's
-//! multi-thread runtime) and
-//! answers every `ShouldRateLimit` with `OK` and one `OK` status per
-//! descriptor, without deciding anything. The difference between the two
+//! server with the same call timeout and HTTP/2 keep-alive, on the runtime
+//! serve builds for the same `--threads`) and answers every
+//! `ShouldRateLimit` with `OK` and one `OK` status per descriptor, without
+//! deciding anything. The difference between the two
 //! is then what a decision costs: matching the rules, the limiter, and the
 //! statuses and headers of the answer.
 

@@ -21,7 +21,7 @@ use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Algorithm, Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{Problem, each_rate_limit_header};
+use sluice_http::{PROBLEM_JSON, Problem, each_rate_limit_header};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
@@ -792,7 +792,10 @@ fn decided(v: &Verdict) -> Response {
         (StatusCode::OK, None)
     } else {
         let problem = Problem::denial(v);
-        headers.insert("content-type".into(), "application/problem+json".into());
+        headers.insert(
+            header::CONTENT_TYPE.as_str().to_owned(),
+            PROBLEM_JSON.to_str().unwrap_or_default().to_owned(),
+        );
         (problem.status(), Some(problem.detail().to_owned()))
     };
     let d = v.deciding();

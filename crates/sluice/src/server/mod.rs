@@ -27,7 +27,7 @@ pub(crate) use signals::{Stop, shutdown_signal};
 /// threads on one CPU, handing work across; `docs/performance.md` has what
 /// that cost a request.
 pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio::runtime::Runtime> {
-    let n = threads.get().get();
+    let n = threads.get();
     let mut builder = if n == 1 {
         tokio::runtime::Builder::new_current_thread()
     } else {
