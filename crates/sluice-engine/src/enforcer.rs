@@ -21,6 +21,9 @@ use crate::top_keys::TopKeys;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
+/// The rule hits of one request that [`Enforcer::decide`] applies in one way.
+type Hits<'h, 'r> = SmallVec<[&'h RuleHit<'r>; 2]>;
+
 /// A policy and a store: decides requests, and takes a new policy at any
 /// time without a pause (a reload swaps it atomically).
 ///
@@ -603,7 +606,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// two policies in one decision.
     pub async fn enforce<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
         let req = Verified::new(req, policy);
-        let hits: Vec<RuleHit<'_>> = policy.matching(&req).collect();
+        let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
         self.decide(&hits).await
     }
 
@@ -624,7 +627,8 @@ impl<S: Store + 'static> Enforcer<S> {
     /// ```
     pub async fn decide(&self, hits: &[RuleHit<'_>]) -> Verdict {
         let mut verdict = Verdict::default();
-        let (enforce, shadow): (Vec<&RuleHit<'_>>, Vec<&RuleHit<'_>>) = hits
+        // Requests meet a rule or two: these lists stay off the heap.
+        let (enforce, shadow): (Hits<'_, '_>, Hits<'_, '_>) = hits
             .iter()
             .partition(|h| h.rule.mode() == Enforcement::Enforce);
 
@@ -648,14 +652,14 @@ impl<S: Store + 'static> Enforcer<S> {
         if enforce.is_empty() {
             return verdict;
         }
-        let ops: Vec<Op<'_>> = enforce
+        let ops: SmallVec<[Op<'_>; 2]> = enforce
             .iter()
             .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
-        let rules: Vec<&Rule> = enforce.iter().map(|h| h.rule).collect();
+        let rules: SmallVec<[&Rule; 2]> = enforce.iter().map(|h| h.rule).collect();
         // The leases the transaction may take, released unless the store
         // says whether it took them.
-        let mut pending = self.pending(&ops);
+        let mut pending = self.pending(ops.as_slice());
         let result = self.transact(&ops, &rules).await;
         if let Ok(out) = &result {
             let taken = pending.disarm();

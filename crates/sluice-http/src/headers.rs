@@ -3,9 +3,11 @@
 //! `X-RateLimit-*` fields, `Retry-After` with per-client jitter, and the
 //! problem-details body of a refusal.
 
+use bytes::Bytes;
 use http::header::{CONTENT_TYPE, HeaderName, HeaderValue, RETRY_AFTER};
 use http::{HeaderMap, StatusCode};
 use serde::Serialize;
+use smallvec::SmallVec;
 
 use sluice_engine::{Refusal, Verdict};
 
@@ -49,6 +51,17 @@ fn whole(count: f64) -> u64 {
 /// `\` escaped. Rule names are the operator's, but a header must stay
 /// well-formed whatever they contain, so anything else becomes `_`.
 fn push_sf_string(out: &mut String, s: &str) {
+    // Rule names are almost always plain: those go in whole, rather than a
+    // character at a time.
+    if s.bytes()
+        .all(|b| matches!(b, b' '..=b'~') && b != b'"' && b != b'\\')
+    {
+        out.reserve(s.len() + 2);
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+        return;
+    }
     out.push('"');
     for c in s.chars() {
         match c {
@@ -66,14 +79,20 @@ fn push_sf_string(out: &mut String, s: &str) {
 /// Appends `{name};{a}={x};{b}={y}`, one item of a `RateLimit-Policy` or
 /// `RateLimit` list.
 fn push_item(out: &mut String, name: &str, (a, x): (&str, u64), (b, y): (&str, u64)) {
-    let mut digits = itoa::Buffer::new();
     push_sf_string(out, name);
-    for (key, n) in [(a, x), (b, y)] {
-        out.push(';');
-        out.push_str(key);
-        out.push('=');
-        out.push_str(digits.format(n));
-    }
+    push_param(out, a, x);
+    push_param(out, b, y);
+}
+
+/// Appends `;{key}={n}`, a parameter of a list item.
+fn push_param(out: &mut String, key: &str, n: u64) {
+    let mut digits = itoa::Buffer::new();
+    let n = digits.format(n);
+    out.reserve(key.len() + n.len() + 2);
+    out.push(';');
+    out.push_str(key);
+    out.push('=');
+    out.push_str(n);
 }
 
 /// `Retry-After` in whole seconds: the exact wait rounded up, plus a jitter
@@ -178,23 +197,90 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
 /// assert_eq!(h["content-type"], "text/plain");
 /// ```
 pub fn set_rate_limit_headers(v: &Verdict, h: &mut HeaderMap) {
-    if !v.rules.is_empty() {
-        // Only a limited request gets headers: the reservation is for them,
-        // and a request no rule matched leaves the map untouched.
-        h.reserve(8);
+    if v.rules.is_empty() && v.allowed {
+        // A request no rule matched leaves the map untouched.
+        return;
     }
-    each_rate_limit_header(v, |name, value| {
-        let value = match value {
-            // Every list built here is ASCII without control characters;
-            // it moves into the map without a copy.
-            FieldValue::List(list) => match HeaderValue::try_from(list) {
-                Ok(value) => value,
-                Err(_) => return,
-            },
-            FieldValue::Number(n) => HeaderValue::from(n),
-        };
-        h.insert(name.clone(), value);
-    });
+    // Every value goes into one buffer, which the header values then share:
+    // two allocations for the whole set, where a buffer per value took two
+    // each.
+    let mut sink = SharedValues {
+        text: String::with_capacity(64 * v.rules.len() + 48),
+        fields: SmallVec::new(),
+    };
+    write_rate_limit_headers(v, &mut sink);
+    let SharedValues { text, fields } = sink;
+    let text = Bytes::from(text.into_bytes());
+    h.reserve(fields.len());
+    let mut start = 0;
+    for (name, end) in fields {
+        // Every value written here is ASCII without control characters.
+        if let Ok(value) = HeaderValue::from_maybe_shared(text.slice(start..end)) {
+            h.insert(name, value);
+        }
+        start = end;
+    }
+}
+
+/// The names of the headers, as statics: a map takes a name by `'static`
+/// reference for less than an owned copy when, as here, the name is not
+/// one of the standard ones `http` knows.
+mod fields {
+    use http::HeaderName;
+
+    pub(super) static POLICY: HeaderName = super::RATELIMIT_POLICY;
+    pub(super) static RATELIMIT: HeaderName = super::RATELIMIT;
+    pub(super) static LIMIT: HeaderName = super::RATELIMIT_LIMIT;
+    pub(super) static REMAINING: HeaderName = super::RATELIMIT_REMAINING;
+    pub(super) static RESET: HeaderName = super::RATELIMIT_RESET;
+    pub(super) static X_LIMIT: HeaderName = super::X_RATELIMIT_LIMIT;
+    pub(super) static X_REMAINING: HeaderName = super::X_RATELIMIT_REMAINING;
+    pub(super) static RETRY_AFTER: HeaderName = super::RETRY_AFTER;
+}
+
+/// Where [`write_rate_limit_headers`] puts each header: the one place that
+/// says which headers a verdict gets, and the writers that differ in where
+/// the values go.
+trait FieldSink {
+    /// A structured-field list, which `build` writes into the string given.
+    /// `hint` is how long it is likely to be.
+    fn list(&mut self, name: &'static HeaderName, hint: usize, build: impl FnOnce(&mut String));
+    /// A count or a number of seconds.
+    fn number(&mut self, name: &'static HeaderName, n: u64);
+}
+
+/// The values of [`set_rate_limit_headers`], one after another in `text`;
+/// `fields` says where each one ends.
+struct SharedValues {
+    text: String,
+    fields: SmallVec<[(&'static HeaderName, usize); 8]>,
+}
+
+impl FieldSink for SharedValues {
+    fn list(&mut self, name: &'static HeaderName, _: usize, build: impl FnOnce(&mut String)) {
+        build(&mut self.text);
+        self.fields.push((name, self.text.len()));
+    }
+
+    fn number(&mut self, name: &'static HeaderName, n: u64) {
+        self.text.push_str(itoa::Buffer::new().format(n));
+        self.fields.push((name, self.text.len()));
+    }
+}
+
+/// Hands each value to a callback as an owned [`FieldValue`].
+struct Owned<F>(F);
+
+impl<F: FnMut(&HeaderName, FieldValue)> FieldSink for Owned<F> {
+    fn list(&mut self, name: &'static HeaderName, hint: usize, build: impl FnOnce(&mut String)) {
+        let mut list = String::with_capacity(hint);
+        build(&mut list);
+        (self.0)(name, FieldValue::List(list));
+    }
+
+    fn number(&mut self, name: &'static HeaderName, n: u64) {
+        (self.0)(name, FieldValue::Number(n));
+    }
 }
 
 /// The value of one RateLimit header, as [`each_rate_limit_header`] hands
@@ -260,62 +346,60 @@ impl From<FieldValue> for String {
 /// assert_eq!(fields.last().unwrap(), "retry-after: 1");
 /// assert_eq!(fields.len(), 8);
 /// ```
-pub fn each_rate_limit_header(v: &Verdict, mut put: impl FnMut(&HeaderName, FieldValue)) {
-    // Every limited request gets these, so the lists are built without a
-    // `String` per item.
+pub fn each_rate_limit_header(v: &Verdict, put: impl FnMut(&HeaderName, FieldValue)) {
+    write_rate_limit_headers(v, &mut Owned(put));
+}
+
+/// The headers a verdict gets, each written to `out` once.
+fn write_rate_limit_headers(v: &Verdict, out: &mut impl FieldSink) {
     if !v.rules.is_empty() {
-        let mut policy = String::with_capacity(32 * v.rules.len());
-        let mut current = String::with_capacity(32 * v.rules.len());
-        for (i, r) in v.rules.iter().enumerate() {
-            if i > 0 {
-                policy.push_str(", ");
-                current.push_str(", ");
+        let hint = 32 * v.rules.len();
+        out.list(&fields::POLICY, hint, |policy| {
+            for (i, r) in v.rules.iter().enumerate() {
+                if i > 0 {
+                    policy.push_str(", ");
+                }
+                if r.in_flight {
+                    // A quota of requests at once, over no window.
+                    push_sf_string(policy, &r.rule);
+                    push_param(policy, "q", whole(r.decision.limit));
+                    policy.push_str(";qu=\"concurrent-requests\"");
+                } else {
+                    push_item(
+                        policy,
+                        &r.rule,
+                        ("q", whole(r.decision.limit)),
+                        ("w", whole_secs(r.window).max(1)),
+                    );
+                }
             }
-            if r.in_flight {
-                // A quota of requests at once, over no window.
-                push_sf_string(&mut policy, &r.rule);
-                policy.push_str(";q=");
-                policy.push_str(itoa::Buffer::new().format(whole(r.decision.limit)));
-                policy.push_str(";qu=\"concurrent-requests\"");
-            } else {
+        });
+        out.list(&fields::RATELIMIT, hint, |current| {
+            for (i, r) in v.rules.iter().enumerate() {
+                if i > 0 {
+                    current.push_str(", ");
+                }
                 push_item(
-                    &mut policy,
+                    current,
                     &r.rule,
-                    ("q", whole(r.decision.limit)),
-                    ("w", whole_secs(r.window).max(1)),
+                    ("r", r.decision.remaining),
+                    ("t", whole_secs(r.decision.reset)),
                 );
             }
-            push_item(
-                &mut current,
-                &r.rule,
-                ("r", r.decision.remaining),
-                ("t", whole_secs(r.decision.reset)),
-            );
-        }
-        put(&RATELIMIT_POLICY, FieldValue::List(policy));
-        put(&RATELIMIT, FieldValue::List(current));
+        });
     }
     if let Some(d) = v.deciding() {
         let limit = whole(d.decision.limit);
-        put(&RATELIMIT_LIMIT, FieldValue::Number(limit));
-        put(
-            &RATELIMIT_REMAINING,
-            FieldValue::Number(d.decision.remaining),
-        );
-        put(
-            &RATELIMIT_RESET,
-            FieldValue::Number(whole_secs(d.decision.reset)),
-        );
-        put(&X_RATELIMIT_LIMIT, FieldValue::Number(limit));
-        put(
-            &X_RATELIMIT_REMAINING,
-            FieldValue::Number(d.decision.remaining),
-        );
+        out.number(&fields::LIMIT, limit);
+        out.number(&fields::REMAINING, d.decision.remaining);
+        out.number(&fields::RESET, whole_secs(d.decision.reset));
+        out.number(&fields::X_LIMIT, limit);
+        out.number(&fields::X_REMAINING, d.decision.remaining);
     }
     if !v.allowed
         && let Some(secs) = retry_after(v)
     {
-        put(&RETRY_AFTER, FieldValue::Number(secs));
+        out.number(&fields::RETRY_AFTER, secs);
     }
 }
 
@@ -492,10 +576,42 @@ fn explain(v: &Verdict) -> (StatusCode, String) {
         None => (
             StatusCode::TOO_MANY_REQUESTS,
             match v.retry_after {
-                Some(s) => format!("rate limit exceeded; retry in {s:.3} s"),
+                Some(s) => {
+                    let mut detail = String::with_capacity(48);
+                    detail.push_str("rate limit exceeded; retry in ");
+                    push_secs(&mut detail, s);
+                    detail.push_str(" s");
+                    detail
+                }
                 None => "rate limit exceeded".to_owned(),
             },
         ),
+    }
+}
+
+/// Appends `secs` with three decimals, exactly as `{secs:.3}` writes it.
+/// Every denial says how long to wait, and the formatter's exact rounding
+/// costs more than the rest of the sentence; a wait that is not within a
+/// rounding error of a tie is rounded in integers instead.
+fn push_secs(out: &mut String, secs: f64) {
+    let millis = secs * 1000.0;
+    // Below 1e9 ms the product is off the exact one by less than 1e-6 ms,
+    // so a fraction further than 1e-3 from one half rounds the same way
+    // whichever of the two is rounded. The sign test keeps `-0.000`, and
+    // NaN fails every comparison.
+    let fraction = millis - millis.floor();
+    if secs.is_sign_positive() && millis < 1e9 && (fraction - 0.5).abs() > 1e-3 {
+        let millis = millis.round() as u64;
+        out.push_str(itoa::Buffer::new().format(millis / 1000));
+        out.push('.');
+        let rest = millis % 1000;
+        for digit in [rest / 100, rest / 10 % 10, rest % 10] {
+            out.push(char::from(b'0' + digit as u8));
+        }
+    } else {
+        use std::fmt::Write;
+        // Writing to a `String` cannot fail.
+        let _ = write!(out, "{secs:.3}");
     }
 }
 
@@ -603,6 +719,101 @@ mod tests {
         let retry: u64 = h[RETRY_AFTER].to_str().unwrap().parse().unwrap();
         assert_eq!(retry, retry_after_secs(7.5, "second/k"));
         assert_eq!(h.len(), 8);
+    }
+
+    #[test]
+    fn a_response_map_and_a_header_list_carry_the_same_fields() {
+        let denied = Verdict {
+            allowed: false,
+            rules: vec![rule("a", 4, 0.2), rule("b", 0, 7.5)],
+            deciding: Some(1),
+            retry_after: Some(7.5),
+            ..Verdict::default()
+        };
+        let store_failed = Verdict {
+            allowed: false,
+            refusal: Some(("a".into(), Refusal::StoreFailed("down".into()))),
+            ..Verdict::default()
+        };
+        let allowed = Verdict {
+            rules: vec![rule("a", 4, 0.2)],
+            deciding: Some(0),
+            ..Verdict::default()
+        };
+        for (v, fields) in [
+            (denied, 8),
+            (store_failed, 1),
+            (allowed, 7),
+            (Verdict::default(), 0),
+        ] {
+            let mut listed = Vec::new();
+            each_rate_limit_header(&v, |name, value| {
+                listed.push((name.as_str().to_owned(), String::from(value)));
+            });
+            let mut mapped: Vec<(String, String)> = rate_limit_headers(&v)
+                .iter()
+                .map(|(n, v)| (n.as_str().to_owned(), v.to_str().unwrap().to_owned()))
+                .collect();
+            listed.sort();
+            mapped.sort();
+            assert_eq!(mapped, listed, "{v:?}");
+            assert_eq!(listed.len(), fields, "{listed:?}");
+        }
+    }
+
+    fn secs(s: f64) -> String {
+        let mut out = String::new();
+        push_secs(&mut out, s);
+        out
+    }
+
+    #[test]
+    fn waits_are_written_as_the_formatter_writes_them_even_at_ties() {
+        for s in [
+            0.0,
+            -0.0,
+            0.0005,
+            0.0015,
+            0.0025,
+            1.0005,
+            2.5e-4,
+            0.1235,
+            4.1234999,
+            0.9995,
+            0.99949999,
+            999_999.999_5,
+            1e6,
+            1e12,
+            123_456_789.012_5,
+            f64::MIN_POSITIVE,
+            f64::MAX,
+            f64::INFINITY,
+            f64::NAN,
+            -1.5,
+            5e-324,
+        ] {
+            assert_eq!(secs(s), format!("{s:.3}"), "{s:e}");
+        }
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_wait_is_written_as_the_formatter_writes_it(
+            s in proptest::prop_oneof![0.0..10.0f64, 0.0..1e7f64, proptest::num::f64::ANY],
+        ) {
+            proptest::prop_assert_eq!(secs(s), format!("{s:.3}"));
+        }
+
+        #[test]
+        fn waits_next_to_a_tie_are_written_as_the_formatter_writes_them(
+            millis in 0u64..10_000_000, ulps in -4i64..=4,
+        ) {
+            // The doubles closest to n + 0.5 ms, where rounding is decided
+            // by the last bits.
+            let tie = (millis as f64 + 0.5) / 1000.0;
+            let s = f64::from_bits(tie.to_bits().wrapping_add_signed(ulps));
+            proptest::prop_assert_eq!(secs(s), format!("{s:.3}"));
+        }
     }
 
     #[test]

@@ -98,6 +98,33 @@ impl LimitKey {
             LimitKey::Descriptor(n) => req.descriptor(n).map(Cow::Borrowed),
         }
     }
+
+    /// Appends this part of `req` to a store key, as [`push_part`] writes
+    /// it, or returns `false` when the request lacks it. The address, which
+    /// every request has, is written in place rather than built apart.
+    pub(crate) fn push_to<R: Request + ?Sized>(
+        &self,
+        key: &mut String,
+        req: &R,
+        ipv6_prefix: u8,
+    ) -> bool {
+        if let LimitKey::IpAddress = self {
+            let Some(ip) = req.ip() else { return false };
+            let at = key.len();
+            push_ip(key, ip, ipv6_prefix);
+            let len = key.len() - at;
+            key.insert(at, ':');
+            key.insert_str(at, itoa::Buffer::new().format(len));
+            return true;
+        }
+        match self.extract(req, ipv6_prefix) {
+            Some(v) => {
+                push_part(key, &v);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// How many leading bits of an IPv6 address `ip:address` keys on unless the
@@ -110,9 +137,16 @@ pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 /// 128). IPv4, the common case on every request, is written without the
 /// formatting machinery.
 fn ip_text(ip: IpAddr, ipv6_prefix: u8) -> String {
+    let mut out = String::with_capacity(15);
+    push_ip(&mut out, ip, ipv6_prefix);
+    out
+}
+
+/// Appends [`ip_text`] to `out`.
+fn push_ip(out: &mut String, ip: IpAddr, ipv6_prefix: u8) {
+    use std::fmt::Write;
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
-            let mut out = String::with_capacity(15);
             let mut digits = itoa::Buffer::new();
             for (i, octet) in v4.octets().into_iter().enumerate() {
                 if i > 0 {
@@ -120,16 +154,18 @@ fn ip_text(ip: IpAddr, ipv6_prefix: u8) -> String {
                 }
                 out.push_str(digits.format(octet));
             }
-            out
         }
+        // Writing to a `String` cannot fail.
         IpAddr::V6(v6) if ipv6_prefix < 128 => {
             let mask = u128::MAX
                 .checked_shl(u32::from(128 - ipv6_prefix))
                 .unwrap_or(0);
             let network = Ipv6Addr::from(u128::from(v6) & mask);
-            format!("{network}/{ipv6_prefix}")
+            let _ = write!(out, "{network}/{ipv6_prefix}");
         }
-        v6 => v6.to_string(),
+        v6 => {
+            let _ = write!(out, "{v6}");
+        }
     }
 }
 
@@ -237,6 +273,8 @@ pub(crate) fn push_missing(key: &mut String) {
     key.push_str("-:");
 }
 
+/// Writes a part the request has: its length in bytes, `:`, and the part, so
+/// that no two lists of parts write the same key.
 pub(crate) fn push_part(key: &mut String, part: &str) {
     key.push_str(itoa::Buffer::new().format(part.len()));
     key.push(':');
@@ -374,5 +412,42 @@ impl Cost {
             .and_then(|v| v.trim().parse::<f64>().ok())
             .filter(|c| c.is_finite() && *c > 0.0)
             .unwrap_or(self.default_cost)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use super::*;
+    use crate::RequestParts;
+
+    #[test]
+    fn an_address_written_in_place_is_the_part_extract_gives() {
+        for (ip, prefix) in [
+            ("192.0.2.1", 64),
+            ("0.0.0.0", 64),
+            ("255.255.255.255", 64),
+            ("::ffff:192.0.2.1", 64),
+            ("2001:db8:1:2:aaaa::1", 64),
+            ("2001:db8:1:2:aaaa::1", 0),
+            ("2001:db8:1:2:aaaa::1", 128),
+            ("ffff:ffff:ffff:ffff:ffff:ffff:ffff:ffff", 127),
+        ] {
+            let req = RequestParts::new("GET", "/").with_ip(ip.parse().unwrap());
+            let part = LimitKey::IpAddress.extract(&req, prefix).unwrap();
+            let mut key = String::from("3:GET");
+            assert!(LimitKey::IpAddress.push_to(&mut key, &req, prefix));
+            assert_eq!(
+                key,
+                format!("3:GET{}", encode_key([&*part])),
+                "{ip}/{prefix}"
+            );
+        }
+        let mut key = String::new();
+        let no_ip = RequestParts::new("GET", "/");
+        assert!(!LimitKey::IpAddress.push_to(&mut key, &no_ip, 64));
+        assert!(LimitKey::Method.push_to(&mut key, &no_ip, 64));
+        assert_eq!(key, "3:GET");
     }
 }

@@ -10,7 +10,7 @@ use crate::client_ip::TrustedProxies;
 use crate::condition::Condition;
 use crate::error::PolicyWarning;
 use crate::jwt::JwtVerifier;
-use crate::keys::{Cost, DEFAULT_IPV6_PREFIX, LimitKey, push_missing, push_part};
+use crate::keys::{Cost, DEFAULT_IPV6_PREFIX, LimitKey, push_missing};
 use crate::penalty::Penalty;
 use crate::request::Request;
 use crate::settings::{Enforcement, OnMissing};
@@ -326,10 +326,11 @@ impl Rule {
     pub fn key<R: Request + ?Sized>(&self, req: &R) -> Option<String> {
         let mut key = String::with_capacity(24);
         for part in &self.keys {
-            match part.extract(req, self.ipv6_prefix) {
-                Some(v) => push_part(&mut key, &v),
-                None if self.on_missing == OnMissing::Shared => push_missing(&mut key),
-                None => return None,
+            if !part.push_to(&mut key, req, self.ipv6_prefix) {
+                if self.on_missing != OnMissing::Shared {
+                    return None;
+                }
+                push_missing(&mut key);
             }
         }
         Some(key)

@@ -39,6 +39,15 @@ const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host")
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
+/// A request rewritten for the upstream, with what its answer needs.
+struct Prepared {
+    out: Request<SentBody>,
+    /// Resolves once the request body has all been sent.
+    sent: tokio::sync::oneshot::Receiver<()>,
+    /// The client's side of a protocol switch it asked for.
+    client_upgrade: Option<OnUpgrade>,
+}
+
 /// Sends requests to the upstream. Cheap to clone: clones share the
 /// connection pool.
 pub(crate) struct Forward<S> {
@@ -49,6 +58,9 @@ pub(crate) struct Forward<S> {
     upstream: Arc<Upstream>,
     /// For the policy's trusted proxies, whose `X-Forwarded-*` are kept.
     enforcer: Arc<Enforcer<S>>,
+    /// The client connection's upstream lane (see [`Forward::for_connection`]);
+    /// without one, each request gets a lane of its own.
+    lane: Option<Arc<Lane>>,
 }
 
 impl<S> Clone for Forward<S> {
@@ -58,6 +70,7 @@ impl<S> Clone for Forward<S> {
             upstream_seconds: self.upstream_seconds.clone(),
             upstream: Arc::clone(&self.upstream),
             enforcer: Arc::clone(&self.enforcer),
+            lane: self.lane.clone(),
         }
     }
 }
@@ -70,20 +83,28 @@ impl<S: Store + 'static> Forward<S> {
             upstream_seconds: ::metrics::histogram!("sluice_proxy_upstream_seconds"),
             upstream: Arc::new(upstream),
             enforcer,
+            lane: None,
         }
     }
 
-    /// The upstream connections, for client connections' lanes.
-    pub(crate) fn pool(&self) -> Arc<Pool> {
-        Arc::clone(&self.pool)
+    /// A forwarder for one client connection: its requests go over the
+    /// upstream connection the previous one used, while it is free.
+    pub(crate) fn for_connection(&self) -> Self {
+        Forward {
+            lane: Some(Lane::new(Arc::clone(&self.pool))),
+            ..self.clone()
+        }
     }
 
-    async fn forward(self, req: Request<Incoming>) -> Response<ProxyBody> {
+    /// Rewrites `req` for the upstream, or answers it here when it cannot be
+    /// forwarded. Apart from [`Forward::send`] so that what the rewriting
+    /// needs is not carried through the wait for the upstream.
+    fn prepare(&self, req: Request<Incoming>) -> Result<Prepared, Box<Response<ProxyBody>>> {
         if req.method() == Method::CONNECT {
-            return problem(
+            return Err(Box::new(problem(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "CONNECT is not supported: this is a reverse proxy",
-            );
+            )));
         }
         let peer = req.extensions().get::<PeerAddr>().map(|p| p.0.ip());
         let (mut parts, body) = req.into_parts();
@@ -93,16 +114,11 @@ impl<S: Store + 'static> Forward<S> {
         let client_upgrade = upgrade
             .as_ref()
             .and_then(|_| parts.extensions.remove::<OnUpgrade>());
-        // The client connection's lane, or one for this request alone.
-        let lane = parts
-            .extensions
-            .remove::<Arc<Lane>>()
-            .unwrap_or_else(|| Lane::new(Arc::clone(&self.pool)));
         let Ok(uri) = self.upstream.target_for(&parts.uri) else {
-            return problem(
+            return Err(Box::new(problem(
                 StatusCode::BAD_REQUEST,
                 "the request target cannot be forwarded",
-            );
+            )));
         };
         let mut headers = parts.headers;
         // The host the rules matched: the target's authority when it has one
@@ -149,7 +165,26 @@ impl<S: Store + 'static> Forward<S> {
         // version with keep-alive by default.
         *out.version_mut() = Version::HTTP_11;
         *out.headers_mut() = headers;
+        Ok(Prepared {
+            out,
+            sent,
+            client_upgrade,
+        })
+    }
 
+    /// Sends a prepared request and turns what comes back into the client's
+    /// response.
+    async fn send(self, prepared: Prepared) -> Response<ProxyBody> {
+        let Prepared {
+            out,
+            sent,
+            client_upgrade,
+        } = prepared;
+        // The client connection's lane, or one for this request alone.
+        let lane = match &self.lane {
+            Some(lane) => Arc::clone(lane),
+            None => Lane::new(Arc::clone(&self.pool)),
+        };
         let timeout = self.upstream.timeout();
         let deadline = async move {
             // Resolves when the body is done or dropped; either way the
@@ -244,8 +279,15 @@ impl<S: Store + 'static> tower::Service<Request<Incoming>> for Forward<S> {
     }
 
     fn call(&mut self, req: Request<Incoming>) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move { Ok(this.forward(req).await) })
+        // Rewritten here, so that the future holds only what the wait for
+        // the upstream needs.
+        match self.prepare(req) {
+            Ok(prepared) => {
+                let this = self.clone();
+                Box::pin(async move { Ok(this.send(prepared).await) })
+            }
+            Err(answer) => Box::pin(std::future::ready(Ok(*answer))),
+        }
     }
 }
 

@@ -223,15 +223,12 @@ pub async fn proxy<S: Store + 'static>(
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
     let forward = forward::Forward::new(upstream, Arc::clone(&enforcer));
-    let pool = forward.pool();
-    let service = RateLimitLayer::new(enforcer).layer(forward);
+    let limit = RateLimitLayer::new(enforcer);
     let per_connection = move |peer: SocketAddr| {
-        let service = service.clone();
         // Requests on one client connection reuse one upstream connection.
-        let lane = pool::Lane::new(Arc::clone(&pool));
+        let service = limit.layer(forward.for_connection());
         hyper::service::service_fn(move |mut req: Request<Incoming>| {
             req.extensions_mut().insert(PeerAddr(peer));
-            req.extensions_mut().insert(Arc::clone(&lane));
             service.clone().oneshot(req)
         })
     };

@@ -243,7 +243,9 @@ impl Lane {
         loop {
             let (mut sender, reused) = match self.take() {
                 Some(s) => (s, true),
-                None => (self.pool.connect().await?, false),
+                // Boxed: a rare path, which would otherwise make every
+                // request's future the size of a connection attempt.
+                None => (Box::pin(self.pool.connect()).await?, false),
             };
             if let Err(e) = sender.ready().await {
                 if reused {
