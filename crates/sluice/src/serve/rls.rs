@@ -27,6 +27,7 @@ use sluice_core::{Algorithm, Clock, Decision, Outcome, Settle, Store};
 use sluice_engine::{Enforcer, Verdict};
 use sluice_http::{PROBLEM_JSON, denial, each_rate_limit_header};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
+use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
 
 use super::AppState;
@@ -137,15 +138,16 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
         }
         let enforcer = &self.state.enforcer;
         let policy = enforcer.policy();
-        let parts: Vec<Descriptor<'_>> = req
+        // A call names a descriptor or two: these lists stay off the heap.
+        let parts: SmallVec<[Descriptor<'_>; 2]> = req
             .descriptors
             .iter()
             .map(|d| Descriptor(&d.entries))
             .collect();
         // Every rule each descriptor matches, with the descriptor it belongs
         // to; a negative-hits descriptor's rules are refunded instead.
-        let mut hits: Vec<RuleHit<'_>> = Vec::new();
-        let mut owner: Vec<usize> = Vec::new();
+        let mut hits: SmallVec<[RuleHit<'_>; 2]> = SmallVec::new();
+        let mut owner: SmallVec<[usize; 2]> = SmallVec::new();
         let mut refunds: Vec<(usize, RuleHit<'_>)> = Vec::new();
         for (i, (d, p)) in req.descriptors.iter().zip(&parts).enumerate() {
             let cost = hits_of(d, req.hits_addend);
@@ -286,7 +288,7 @@ fn response(
     refunded: &[(usize, &RuleHit<'_>, Decision)],
 ) -> RateLimitResponse {
     // The verdict lists enforced rules in the order of their hits.
-    let enforced: Vec<(usize, &RuleHit<'_>)> = hits
+    let enforced: SmallVec<[(usize, &RuleHit<'_>); 2]> = hits
         .iter()
         .zip(owner)
         .filter(|(h, _)| h.rule.mode() == Enforcement::Enforce)
@@ -298,7 +300,7 @@ fn response(
             if req.descriptors[i].is_negative_hits {
                 return refund_status(refunded.iter().filter(|(owner, ..)| *owner == i));
             }
-            let mine: Vec<(&RuleHit<'_>, Option<Decision>)> = enforced
+            let mine: SmallVec<[(&RuleHit<'_>, Option<Decision>); 2]> = enforced
                 .iter()
                 .enumerate()
                 .filter(|(_, (owner, _))| *owner == i)
@@ -360,7 +362,7 @@ fn status(mine: &[(&RuleHit<'_>, Option<Decision>)], refused: Option<&str>) -> D
             ..DescriptorStatus::default()
         };
     }
-    let decisions: Vec<Decision> = mine.iter().filter_map(|(_, d)| *d).collect();
+    let decisions: SmallVec<[Decision; 2]> = mine.iter().filter_map(|(_, d)| *d).collect();
     if decisions.len() != mine.len() {
         // The transaction never reached the store (another descriptor's
         // refusal): nothing was consumed here, and this one is not over.
