@@ -34,10 +34,12 @@ use super::pool::{Lane, Pool, Reusing, SendError};
 /// proxy wrote (a 502 or 504).
 pub(crate) type ProxyBody = Either<Reusing, Full<Bytes>>;
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+// Statics, not constants: a header map takes a name that is not one of
+// the standard ones for less by `'static` reference than as an owned copy.
+static X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+static X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+static X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+static KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 
 /// A request rewritten for the upstream, with what its answer needs.
 struct Prepared {
@@ -48,28 +50,30 @@ struct Prepared {
     client_upgrade: Option<OnUpgrade>,
 }
 
-/// Sends requests to the upstream. Cheap to clone: clones share the
-/// connection pool.
+/// Sends requests to the upstream. Cheap to clone, as the tower idiom
+/// does once or twice a request: clones share one [`Shared`].
 pub(crate) struct Forward<S> {
-    pool: Arc<Pool>,
-    /// `sluice_proxy_upstream_seconds`, looked up once rather than per
-    /// request (the recorder is installed before the proxy starts).
-    upstream_seconds: ::metrics::Histogram,
-    upstream: Arc<Upstream>,
-    /// For the policy's trusted proxies, whose `X-Forwarded-*` are kept.
-    enforcer: Arc<Enforcer<S>>,
+    shared: Arc<Shared<S>>,
     /// The client connection's upstream lane (see [`Forward::for_connection`]);
     /// without one, each request gets a lane of its own.
     lane: Option<Arc<Lane>>,
 }
 
+/// What every request's forwarding reads.
+struct Shared<S> {
+    pool: Arc<Pool>,
+    /// `sluice_proxy_upstream_seconds`, looked up once rather than per
+    /// request (the recorder is installed before the proxy starts).
+    upstream_seconds: ::metrics::Histogram,
+    upstream: Upstream,
+    /// For the policy's trusted proxies, whose `X-Forwarded-*` are kept.
+    enforcer: Arc<Enforcer<S>>,
+}
+
 impl<S> Clone for Forward<S> {
     fn clone(&self) -> Self {
         Forward {
-            pool: Arc::clone(&self.pool),
-            upstream_seconds: self.upstream_seconds.clone(),
-            upstream: Arc::clone(&self.upstream),
-            enforcer: Arc::clone(&self.enforcer),
+            shared: Arc::clone(&self.shared),
             lane: self.lane.clone(),
         }
     }
@@ -79,10 +83,12 @@ impl<S: Store + 'static> Forward<S> {
     /// A forwarder to `upstream`, with its own connection pool.
     pub(crate) fn new(upstream: Upstream, enforcer: Arc<Enforcer<S>>) -> Self {
         Forward {
-            pool: Pool::new(upstream.origin(), upstream.timeout()),
-            upstream_seconds: ::metrics::histogram!("sluice_proxy_upstream_seconds"),
-            upstream: Arc::new(upstream),
-            enforcer,
+            shared: Arc::new(Shared {
+                pool: Pool::new(upstream.origin(), upstream.timeout()),
+                upstream_seconds: ::metrics::histogram!("sluice_proxy_upstream_seconds"),
+                upstream,
+                enforcer,
+            }),
             lane: None,
         }
     }
@@ -91,8 +97,8 @@ impl<S: Store + 'static> Forward<S> {
     /// upstream connection the previous one used, while it is free.
     pub(crate) fn for_connection(&self) -> Self {
         Forward {
-            lane: Some(Lane::new(Arc::clone(&self.pool))),
-            ..self.clone()
+            shared: Arc::clone(&self.shared),
+            lane: Some(Lane::new(Arc::clone(&self.shared.pool))),
         }
     }
 
@@ -114,7 +120,7 @@ impl<S: Store + 'static> Forward<S> {
         let client_upgrade = upgrade
             .as_ref()
             .and_then(|_| parts.extensions.remove::<OnUpgrade>());
-        let Ok(uri) = self.upstream.target_for(&parts.uri) else {
+        let Ok(uri) = self.shared.upstream.target_for(&parts.uri) else {
             return Err(Box::new(problem(
                 StatusCode::BAD_REQUEST,
                 "the request target cannot be forwarded",
@@ -140,7 +146,7 @@ impl<S: Store + 'static> Forward<S> {
             // An HTTP/1.0 request may have no `Host`; HTTP/1.1 needs one.
             None => headers.insert(
                 HOST,
-                HeaderValue::from_str(self.upstream.authority().as_str())
+                HeaderValue::from_str(self.shared.upstream.authority().as_str())
                     .unwrap_or(HeaderValue::from_static("localhost")),
             ),
         };
@@ -152,12 +158,12 @@ impl<S: Store + 'static> Forward<S> {
         // not change whose forwarding headers are believed.
         let policy = match parts.extensions.remove::<PolicySnapshot>() {
             Some(PolicySnapshot(policy)) => policy,
-            None => self.enforcer.policy(),
+            None => self.shared.enforcer.policy(),
         };
         let trusted = peer.is_some_and(|p| policy.trusted_proxies().contains(p));
         add_forwarded(&mut headers, peer, host.as_ref(), trusted);
 
-        let (body, sent) = SentBody::new(body, self.upstream.body_timeout());
+        let (body, sent) = SentBody::new(body, self.shared.upstream.body_timeout());
         let mut out = Request::new(body);
         *out.method_mut() = parts.method;
         *out.uri_mut() = uri;
@@ -183,9 +189,9 @@ impl<S: Store + 'static> Forward<S> {
         // The client connection's lane, or one for this request alone.
         let lane = match &self.lane {
             Some(lane) => Arc::clone(lane),
-            None => Lane::new(Arc::clone(&self.pool)),
+            None => Lane::new(Arc::clone(&self.shared.pool)),
         };
-        let timeout = self.upstream.timeout();
+        let timeout = self.shared.upstream.timeout();
         let deadline = async move {
             // Resolves when the body is done or dropped; either way the
             // upstream has all it will get, and the clock starts.
@@ -197,7 +203,8 @@ impl<S: Store + 'static> Forward<S> {
             r = lane.send(out) => Some(r),
             () = deadline => None,
         };
-        self.upstream_seconds
+        self.shared
+            .upstream_seconds
             .record(started.elapsed().as_secs_f64());
         match result {
             Some(Ok(mut res)) if res.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -258,7 +265,7 @@ impl<S: Store + 'static> Forward<S> {
             None => {
                 ::metrics::counter!("sluice_proxy_upstream_errors_total", "kind" => "timeout")
                     .increment(1);
-                tracing::warn!(upstream = %self.upstream, ?timeout, "upstream timed out");
+                tracing::warn!(upstream = %self.shared.upstream, ?timeout, "upstream timed out");
                 problem(
                     StatusCode::GATEWAY_TIMEOUT,
                     "the upstream did not answer in time",
@@ -498,17 +505,17 @@ fn add_forwarded(
         }
         push_ip(&mut value, ip);
         if let Ok(v) = HeaderValue::try_from(value) {
-            headers.insert(X_FORWARDED_FOR.clone(), v);
+            headers.insert(&X_FORWARDED_FOR, v);
         }
     }
     if !(trusted && headers.contains_key(&X_FORWARDED_HOST))
         && let Some(h) = host
     {
-        headers.insert(X_FORWARDED_HOST.clone(), h.clone());
+        headers.insert(&X_FORWARDED_HOST, h.clone());
     }
     if !(trusted && headers.contains_key(&X_FORWARDED_PROTO)) {
         // The proxy listens on plain TCP only.
-        headers.insert(X_FORWARDED_PROTO.clone(), HeaderValue::from_static("http"));
+        headers.insert(&X_FORWARDED_PROTO, HeaderValue::from_static("http"));
     }
 }
 
