@@ -5,6 +5,7 @@
 //! [`Listener`], so the cap and the deadline hold there too.
 
 mod connections;
+pub(crate) mod timer;
 
 use std::convert::Infallible;
 use std::error::Error as StdError;
@@ -17,12 +18,13 @@ use futures_util::Stream;
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::service::Service;
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpStream};
 
 use self::connections::{Connections, Tracked};
+use self::timer::ConnectionTimer;
 
 /// How long a client has to send a request's headers; a connection that
 /// idles longer mid-request is closed (slowloris).
@@ -230,10 +232,7 @@ pub(crate) async fn serve_connections<S, B>(
     B::Error: Into<Box<dyn StdError + Send + Sync>>,
 {
     let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_READ_TIMEOUT);
+    builder.http1().header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = GracefulShutdown::new();
     tokio::pin!(stop);
     loop {
@@ -241,7 +240,11 @@ pub(crate) async fn serve_connections<S, B>(
             () = &mut stop => break,
             accepted = listener.accept() => accepted,
         };
-        let conn = builder
+        // Each connection's wait for a request head reuses the last one's
+        // timer (see `timer`).
+        let mut per_connection = builder.clone();
+        per_connection.http1().timer(ConnectionTimer::new());
+        let conn = per_connection
             .serve_connection_with_upgrades(TokioIo::new(stream), service(peer))
             .into_owned();
         let conn = graceful.watch(conn);
@@ -266,6 +269,66 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         limits: Limits,
+    }
+
+    /// The wait for a request head runs on a timer the connection reuses
+    /// (see `timer`): the second head's wait must end as the first's would.
+    #[tokio::test(start_paused = true)]
+    async fn a_stalled_request_head_is_cut_off_on_a_connection_that_already_served_one() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let tcp = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = tcp.local_addr().expect("address");
+        let listener = Listener::new(tcp, "test", &Limits::default());
+        let ok = |_| {
+            hyper::service::service_fn(|_: Request<Incoming>| async {
+                Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                    bytes::Bytes::from_static(b"ok"),
+                )))
+            })
+        };
+        tokio::spawn(serve_connections(listener, ok, std::future::pending()));
+
+        let mut client = TcpStream::connect(addr).await.expect("connect");
+        for round in 0..2 {
+            client
+                .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+                .await
+                .expect("write");
+            let mut answer = Vec::new();
+            while !answer.ends_with(b"ok") {
+                let mut buf = [0; 1024];
+                let n = client.read(&mut buf).await.expect("read");
+                assert!(n > 0, "closed before answering: {answer:?}");
+                answer.extend_from_slice(&buf[..n]);
+            }
+            assert!(answer.starts_with(b"HTTP/1.1 200"), "{answer:?}");
+            if round == 0 {
+                // The next head's wait starts later than the last one's
+                // did, so a timer reused without its new deadline would
+                // end early.
+                tokio::time::advance(HEADER_READ_TIMEOUT * 2 / 3).await;
+            }
+        }
+
+        // Half a head, then nothing.
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n")
+            .await
+            .expect("write");
+        let stalled = tokio::time::Instant::now();
+        let mut rest = Vec::new();
+        let read =
+            tokio::time::timeout(HEADER_READ_TIMEOUT * 3, client.read_to_end(&mut rest)).await;
+        assert!(
+            read.is_ok(),
+            "the connection outlived three header timeouts"
+        );
+        let waited = stalled.elapsed();
+        assert!(
+            (HEADER_READ_TIMEOUT..HEADER_READ_TIMEOUT * 2).contains(&waited),
+            "closed after {waited:?}"
+        );
     }
 
     #[test]

@@ -192,11 +192,12 @@ impl<S: Store + 'static> Forward<S> {
             None => Lane::new(Arc::clone(&self.shared.pool)),
         };
         let timeout = self.shared.upstream.timeout();
+        let timer = Arc::clone(lane.timer());
         let deadline = async move {
             // Resolves when the body is done or dropped; either way the
             // upstream has all it will get, and the clock starts.
             let _ = sent.await;
-            tokio::time::sleep(timeout).await;
+            timer.sleep(timeout).await;
         };
         let started = Instant::now();
         let result = tokio::select! {

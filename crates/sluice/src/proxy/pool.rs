@@ -26,6 +26,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use tower::ServiceExt;
 
 use super::body::SentBody;
+use crate::listen::timer::SleepSlot;
 
 /// How long an idle upstream connection stays in the pool. Shorter than
 /// the usual upstream keep-alive timeouts would only cost reconnects; the
@@ -193,6 +194,8 @@ impl Pool {
 pub(crate) struct Lane {
     pool: Arc<Pool>,
     kept: Mutex<Option<Idle>>,
+    /// The timer each request's wait for its answer reuses.
+    timer: Arc<SleepSlot>,
 }
 
 impl Lane {
@@ -200,7 +203,13 @@ impl Lane {
         Arc::new(Lane {
             pool,
             kept: Mutex::new(None),
+            timer: SleepSlot::new(),
         })
+    }
+
+    /// The client connection's timer for the upstream's answers.
+    pub(crate) fn timer(&self) -> &Arc<SleepSlot> {
+        &self.timer
     }
 
     /// The kept connection if it is usable, else one from the pool.
