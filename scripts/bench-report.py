@@ -348,28 +348,23 @@ decision, and the RateLimit headers on every response."""
 headers, values of the same lengths, spends {h:.2f}× its own CPU a request
 ({hus} µs against {hnus} µs, the last serving row), {cost}."""
         why_figures["bare_paragraph"] = textwrap.fill(why_figures["bare_paragraph"], 72) + "\n"
+    def explain(heading, intro, listed):
+        """A section with the explanation of each goal in `listed`, once each."""
+        keys = list(dict.fromkeys(g[3] for g in listed if g[3] in WHY))
+        if keys:
+            doc.append(heading)
+            doc.extend(intro)
+            doc.extend(WHY[k].format_map(why_figures) for k in keys)
+
     missed = [g for g in goals if not g[2]]
-    if missed:
-        doc.append("\n## Where a goal is missed, and why\n")
-        seen = set()
-        for _, _, _, why, _ in missed:
-            if why in seen or why not in WHY:
-                continue
-            seen.add(why)
-            doc.append(WHY[why].format_map(why_figures))
-    close = [g for g in goals if g[2] and g[3] in narrow and g[3] not in {m[3] for m in missed}]
-    if close:
-        doc.append("\n## Met by the median, missed by some rounds\n")
-        doc.append(textwrap.fill(
-            "These goals hold in this run's median, but some of its rounds fall on the other "
-            "side of the goal, and other runs of the same code have landed there: what the "
-            "margin is made of follows.", 72) + "\n")
-        seen = set()
-        for _, _, _, why, _ in close:
-            if why in seen or why not in WHY:
-                continue
-            seen.add(why)
-            doc.append(WHY[why].format_map(why_figures))
+    explain("\n## Where a goal is missed, and why\n", [], missed)
+    missed_keys = {g[3] for g in missed}
+    explain("\n## Met by the median, missed by some rounds\n",
+            [textwrap.fill(
+                "These goals hold in this run's median, but some of its rounds fall on the other "
+                "side of the goal, and other runs of the same code have landed there: what the "
+                "margin is made of follows.", 72) + "\n"],
+            [g for g in goals if g[2] and g[3] in narrow and g[3] not in missed_keys])
     doc.append(METHODS)
     # Sections end with a newline and are joined with another: one blank
     # line between them, never two.

@@ -144,6 +144,7 @@ fn ip_text(ip: IpAddr, ipv6_prefix: u8) -> String {
 
 /// Appends [`ip_text`] to `out`.
 fn push_ip(out: &mut String, ip: IpAddr, ipv6_prefix: u8) {
+    // Writing to a `String` cannot fail.
     use std::fmt::Write;
     match ip.to_canonical() {
         IpAddr::V4(v4) => {
@@ -155,7 +156,6 @@ fn push_ip(out: &mut String, ip: IpAddr, ipv6_prefix: u8) {
                 out.push_str(digits.format(octet));
             }
         }
-        // Writing to a `String` cannot fail.
         IpAddr::V6(v6) if ipv6_prefix < 128 => {
             let mask = u128::MAX
                 .checked_shl(u32::from(128 - ipv6_prefix))

@@ -372,9 +372,9 @@ fn status(mine: &[(&RuleHit<'_>, Option<Decision>)], refused: Option<&str>) -> D
             ..DescriptorStatus::default()
         };
     }
-    let outcome = Outcome::from_decisions(decisions.iter().copied().collect());
+    let outcome = Outcome::from_decisions(decisions);
     let k = outcome.deciding().unwrap_or(0);
-    let (hit, d) = (mine[k].0, decisions[k]);
+    let (hit, d) = (mine[k].0, outcome.decisions[k]);
     DescriptorStatus {
         code: if outcome.allowed {
             Code::Ok
