@@ -63,7 +63,10 @@ pub struct Eval {
 /// assert_eq!(second.decision.retry_after, Some(1.0));
 /// assert_eq!(second.next, None);
 /// ```
-#[inline]
+// Always: a store's decision is mostly this, and a bucket's share of it is a
+// few operations (the windows' share is out of line, in `roll` and
+// `Pending::fixed_window`).
+#[inline(always)]
 pub fn evaluate(
     alg: &Algorithm,
     state: Option<State>,
@@ -72,6 +75,14 @@ pub fn evaluate(
     cost: f64,
     reserve: bool,
 ) -> Eval {
+    if let Algorithm::TokenBucket(tb) = alg {
+        // The common case, with a single look at the algorithm.
+        let p = Pending::new(alg, tb_refill(tb, state, now), cost, reserve);
+        return Eval {
+            decision: p.token_bucket(tb),
+            next: p.next(),
+        };
+    }
     let p = prepare(alg, state, offset, now, cost, reserve);
     Eval {
         decision: p.decision(alg, now),
@@ -106,20 +117,22 @@ pub(crate) fn prepare(
     cost: f64,
     reserve: bool,
 ) -> Pending {
-    let State { tokens, ts } = match alg {
-        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
-        // A sliding algorithm is read as a fixed window (see above).
-        _ => fw_roll(&alg.as_fixed(), state, offset, now),
-    };
-    Pending {
-        available: tokens,
-        ts,
-        cost,
-        allowed: tokens >= cost || (reserve && may_reserve(alg, cost - tokens)),
-    }
+    Pending::new(alg, refill(alg, state, offset, now), cost, reserve)
 }
 
 impl Pending {
+    /// Whether `cost` is admitted from the `refilled` state.
+    #[inline(always)]
+    fn new(alg: &Algorithm, refilled: State, cost: f64, reserve: bool) -> Pending {
+        let State { tokens, ts } = refilled;
+        Pending {
+            available: tokens,
+            ts,
+            cost,
+            allowed: tokens >= cost || (reserve && may_reserve(alg, cost - tokens)),
+        }
+    }
+
     /// The state to store if the call is committed; `None` when it is denied.
     #[inline]
     pub(crate) fn next(&self) -> Option<State> {
@@ -250,12 +263,22 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
     }
 }
 
-/// [`fw_roll`] for a sliding algorithm, read as a fixed window (see the
-/// module's documentation): out of line, so that it costs the others
-/// nothing.
-#[cold]
+/// The key's state brought to `now`: the bucket refilled, the window rolled
+/// over. A sliding algorithm is read as a fixed window (see the module's
+/// documentation).
+// The bucket's few operations inline in every caller; the windows' division
+// and alignment out of line, so that a bucket's decision carries none of it.
+#[inline(always)]
+fn refill(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
+    match alg {
+        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
+        _ => roll(alg, state, offset, now),
+    }
+}
+
+/// [`refill`] for the algorithms that count in windows.
 #[inline(never)]
-fn sliding_as_fixed(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
+fn roll(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
     fw_roll(&alg.as_fixed(), state, offset, now)
 }
 
@@ -317,10 +340,7 @@ pub fn settle(
     now: Nanos,
     change: Settle,
 ) -> State {
-    let s = match alg {
-        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
-        _ => fw_roll(&alg.as_fixed(), state, offset, now),
-    };
+    let s = refill(alg, state, offset, now);
     let tokens = match change {
         Settle::Refund(n) => (s.tokens + n).min(alg.capacity()),
         Settle::ChargeOnce(_) if s.tokens < 0.0 => s.tokens,
@@ -339,13 +359,7 @@ pub fn settle(
 /// ```
 #[inline]
 pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> Value {
-    let s = match alg {
-        Algorithm::TokenBucket(tb) => tb_refill(tb, state, now),
-        Algorithm::FixedWindow(fw) => fw_roll(fw, state, offset, now),
-        Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
-            sliding_as_fixed(alg, state, offset, now)
-        }
-    };
+    let s = refill(alg, state, offset, now);
     Value {
         tokens: s.tokens,
         ts: s.ts,

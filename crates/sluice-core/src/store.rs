@@ -304,12 +304,16 @@ impl<'a> Op<'a> {
     #[inline]
     pub fn validate(&self, reserve: bool) -> Result<(), CostError> {
         let max = self.limit.max_cost(reserve);
-        // One test for the common case; NaN fails every comparison.
+        // One test for the common case; NaN fails every comparison, and
+        // `max` is finite (at most `MAX_EXACT_TOKENS`), which rules out ∞.
         if self.cost >= 0.0
             && self.cost <= max
-            && self.cost != f64::INFINITY
             && (!reserve || self.limit.is_flat())
-            && (!self.limit.takes_leases() || self.cost.fract() == 0.0)
+            // A whole number survives the round trip through an integer;
+            // the cost is below 2⁵³ here, so the cast is exact for one.
+            // (`fract` is a library call on the baseline target, which the
+            // compiler makes on every call.)
+            && (!self.limit.takes_leases() || (self.cost as u64) as f64 == self.cost)
         {
             return Ok(());
         }

@@ -62,14 +62,17 @@ pub(super) struct Held {
     pub(super) full: bool,
 }
 
+/// A stripe's slots, inline: a lock-free decision finds its slot from the
+/// stripe's address alone, with no pointer to load first, and on lines that
+/// nothing written under the stripe lock shares.
 pub(super) struct Hot {
-    slots: Box<[Slot]>,
+    slots: [Slot; SLOTS],
 }
 
 impl Default for Hot {
     fn default() -> Self {
         Hot {
-            slots: (0..SLOTS).map(|_| Slot::default()).collect(),
+            slots: std::array::from_fn(|_| Slot::default()),
         }
     }
 }
@@ -248,6 +251,13 @@ impl Hot {
         slot.dirty.store(false, Ordering::Relaxed);
         slot.release(seq);
         out
+    }
+
+    /// Whether a slot holds `tag`. Exact for the holder of the stripe lock,
+    /// as only it moves keys in and out.
+    #[inline]
+    pub(super) fn holds(&self, tag: u64) -> bool {
+        self.slot(tag).tag.load(Ordering::Relaxed) == tag
     }
 
     /// Whether the slot `tag` would go in holds no key.

@@ -106,13 +106,15 @@ impl Table {
     }
 
     /// [`Table::put`] where the key has already been looked up.
+    #[inline]
     fn put_at(&mut self, probe: Probe, fp: u64, s: State) -> isize {
-        let full = s.tokens >= self.alg().capacity();
+        let full = s.tokens >= self.limit.shard_capacity();
         self.put_as(probe, fp, s, full)
     }
 
     /// Stores `s`, or forgets the key when `full` says `s` is full under
     /// the configuration that wrote it.
+    #[inline]
     fn put_as(&mut self, probe: Probe, fp: u64, s: State, full: bool) -> isize {
         match probe {
             Probe::Found(i) if full => {
@@ -231,10 +233,19 @@ impl Stripe {
     /// two-number ones, the sliding window and the sliding log) forgets
     /// every key as the cap would, after moving the stripe's hot keys
     /// (`hot`) back.
+    #[inline]
     fn table(&mut self, limit: &Limit, now: Nanos, hot: &Hot) -> usize {
-        if let Some(i) = self.tables.iter().position(|t| t.limit.same(limit)) {
-            return i;
+        match self.tables.iter().position(|t| t.limit.same(limit)) {
+            Some(i) => i,
+            None => self.new_table(limit, now, hot),
         }
+    }
+
+    /// [`Stripe::table`] for a handle no table was last used with: a new
+    /// limit, or a new handle to one (a reload).
+    #[cold]
+    #[inline(never)]
+    fn new_table(&mut self, limit: &Limit, now: Nanos, hot: &Hot) -> usize {
         match self
             .tables
             .iter()
@@ -280,11 +291,21 @@ impl Stripe {
     /// The sweep may drop the entry of a key that sits in a hot slot, which
     /// is lossless: a slot that changed the state writes it back when it
     /// lets the key go, and one that did not holds the same full state.
+    #[inline]
     fn count_write(&mut self, t: usize, delta: isize, now: Nanos) {
-        self.apply(delta);
-        if delta <= 0 || self.len < SWEEP_FROM {
+        if delta == 0 {
             return;
         }
+        self.apply(delta);
+        if delta > 0 && self.len >= SWEEP_FROM {
+            self.sweep(t, now);
+        }
+    }
+
+    /// The sweep of [`Stripe::count_write`]: out of line, as most writes
+    /// replace an entry and insert none.
+    #[inline(never)]
+    fn sweep(&mut self, t: usize, now: Nanos) {
         if let Some(table) = self.tables.get_mut(t) {
             let alg = table.alg();
             let removed = table
@@ -400,11 +421,20 @@ impl Lane {
     /// Runs [`Stripe::maintain`] when the stripe is over its cap, after moving
     /// the hot keys back: eviction judges entries by their states, and must
     /// see every key's latest.
+    #[inline]
     fn maintain(&self, stripe: &mut Stripe, now: Nanos, cap: usize) {
         if stripe.due(cap) {
-            self.flush(stripe);
-            stripe.maintain(now, cap);
+            self.enforce_cap(stripe, now, cap);
         }
+    }
+
+    /// The work of [`Lane::maintain`], out of line: a stripe is seldom over
+    /// its cap.
+    #[cold]
+    #[inline(never)]
+    fn enforce_cap(&self, stripe: &mut Stripe, now: Nanos, cap: usize) {
+        self.flush(stripe);
+        stripe.maintain(now, cap);
     }
 
     /// Moves every hot key back into its table.
@@ -655,8 +685,11 @@ impl<C: Clock> MemoryStore<C> {
             None => (lane.lock.lock(), true),
         };
         // Another thread may have moved the key into a slot meanwhile; while
-        // the lock is held, none can move it out.
-        if let Some(d) = lane.hot.decide(tag, cap, mode.consume, step) {
+        // the lock is held, none can move it out (or in: a plain look at the
+        // slot's key is exact).
+        if lane.hot.holds(tag)
+            && let Some(d) = lane.hot.decide(tag, cap, mode.consume, step)
+        {
             return d;
         }
         let stripe = &mut *guard;
