@@ -12,11 +12,14 @@
 //! bucket's (above 1 means the sliding one is slower).
 //!
 //! `cargo bench -p sluice-core --bench paired`. Settings (environment):
-//! `SLUICE_PAIRED_ROUNDS` (15), `SLUICE_PAIRED_SLICE_MS` (50) and
+//! `SLUICE_PAIRED_ROUNDS` (15), `SLUICE_PAIRED_SLICE_MS` (50),
 //! `SLUICE_PAIRED_ONLY`, a substring of the case names to run
-//! (`allowed/1keys/`, or `sliding_log/`, say). Run other than by `cargo
-//! bench`, as by `cargo test --benches`, it makes one short round of each
-//! case, as a smoke test.
+//! (`allowed/1keys/`, or `sliding_log/`, say), and `SLUICE_PAIRED_SOLO`,
+//! `sluice` or `governor`, which times that side in both slices of every
+//! round and prints how many decisions it made, so that
+//! `scripts/keyed-instructions` can count one side's instructions. Run
+//! other than by `cargo bench`, as by `cargo test --benches`, it makes one
+//! short round of each case, as a smoke test.
 
 // Setup code in a benchmark: a failure there is a broken benchmark, and
 // panicking with the message is the right response.
@@ -64,6 +67,8 @@ struct Pair {
     ratio: f64,
     lo: f64,
     hi: f64,
+    /// Decisions made by both sides together, warm-up included.
+    decisions: usize,
 }
 
 /// Times `a` and `b` over `keys`, visited as `walk` says, on `threads`
@@ -108,6 +113,7 @@ fn pair<A, B>(
         ratio: median(&mut ratios),
         lo,
         hi,
+        decisions: 2 * (probe + iters * timing.rounds as usize),
     }
 }
 
@@ -185,6 +191,11 @@ const SHAPES: [Shape; 4] = [
 /// The token bucket against governor, in every shape; returns the cases
 /// measured.
 fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
+    let solo = std::env::var("SLUICE_PAIRED_SOLO").unwrap_or_default();
+    assert!(
+        ["", "sluice", "governor"].contains(&solo.as_str()),
+        "SLUICE_PAIRED_SOLO is sluice or governor, not {solo:?}"
+    );
     let name = |shape: &Shape, case: Case, keys: &str, threads: usize| {
         format!("{}{}/{keys}/{threads}threads", shape.prefix, case.name())
     };
@@ -234,19 +245,22 @@ fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
         }
         let (_, _, _, keys, sides) = filled.as_ref().unwrap();
         let (visited, walk) = (shape.walk)(*n, *threads).laid_out(keys);
+        let sluice = |k: &String| sides.sluice(k);
+        let governor = |k: &String| sides.governor(k);
+        let (keys, walk) = (&visited, &walk);
         // The ratio is governor's time over sluice's.
-        let p = pair(
-            timing,
-            &visited,
-            &walk,
-            *threads,
-            &|k: &String| sides.sluice(k),
-            &|k: &String| sides.governor(k),
-        );
+        let p = match solo.as_str() {
+            "sluice" => pair(timing, keys, walk, *threads, &sluice, &sluice),
+            "governor" => pair(timing, keys, walk, *threads, &governor, &governor),
+            _ => pair(timing, keys, walk, *threads, &sluice, &governor),
+        };
         println!(
             "{id:<40} {:>9.1} ns {:>9.1} ns {:>7.2}  {:.2}–{:.2}",
             p.a_ns, p.b_ns, p.ratio, p.lo, p.hi,
         );
+        if !solo.is_empty() {
+            println!("{solo} alone made {} decisions", p.decisions);
+        }
     }
     cases.len()
 }

@@ -22,7 +22,7 @@ use crate::time::Nanos;
 
 /// Slots per stripe lock. A direct-mapped cache this small holds the few keys
 /// that are hammered hard; keys that merely share a slot take turns in it.
-const SLOTS: usize = 16;
+const SLOTS: usize = 4;
 
 /// Spins before a waiter yields its core to a writer that may be preempted.
 const SPINS: u32 = 64;

@@ -30,11 +30,16 @@ mod slots;
 use ghosts::Ghosts;
 use hot::{Held, Hot};
 use sliding::{Kind, Next, Sliding};
-use slots::{Entry, Probe, Slots, nonzero};
+use slots::{Entry, Probe, SWEEP_FROM, Slots, nonzero};
 
-/// Entries a stripe holds before inserts start sweeping for full buckets: a
-/// small stripe costs little, and leaving it alone keeps `len` exact.
-const SWEEP_FROM: usize = 256;
+/// Lock stripes per core. Threads deciding different keys meet on a stripe
+/// seldom with many stripes, and then neither waits for the other's lock
+/// nor pulls the stripe's lock and table lines from the other's cache.
+const STRIPES_PER_CORE: usize = 256;
+
+/// The most stripes a store takes, however many cores: each costs up to half
+/// a kilobyte, taken when the store is made.
+const MAX_STRIPES: usize = 4096;
 
 /// Slots an insert sweeps. A pass over a table then takes a quarter as many
 /// inserts as it has slots, so when every key is short-lived a table stays
@@ -203,7 +208,10 @@ const DENIED: usize = 4;
 
 #[derive(Default)]
 struct Stripe {
-    tables: Vec<Table>,
+    /// A store most often holds one limit, whose table then sits next to
+    /// the lock, on lines no other stripe writes, rather than in a small
+    /// heap block beside another stripe's.
+    tables: SmallVec<[Table; 1]>,
     len: usize,
     /// The hot-slot tags of the stripe's last few denied keys, oldest
     /// overwritten first.
@@ -510,7 +518,9 @@ impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`, with no key cap.
     pub fn with_clock(clock: C) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let n = (cores * 32).next_power_of_two().max(64);
+        let n = (cores * STRIPES_PER_CORE)
+            .next_power_of_two()
+            .min(MAX_STRIPES);
         MemoryStore {
             clock,
             hasher: RandomState::new(),
@@ -1175,6 +1185,28 @@ impl<C: Clock> Store for MemoryStore<C> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_stripe_takes_under_half_a_kilobyte_and_its_lock_shares_no_line_with_its_slots() {
+        assert!(std::mem::size_of::<Padded<Lane>>() <= 512);
+        let lane = Lane::default();
+        let offset = |addr: usize| addr - std::ptr::from_ref(&lane).addr();
+        let lines = |start: usize, len: usize| start / 64..=(start + len - 1) / 64;
+        let slots = lines(
+            offset(std::ptr::from_ref(&lane.hot).addr()),
+            std::mem::size_of::<Hot>(),
+        );
+        let lock = lines(
+            offset(std::ptr::from_ref(&lane.lock).addr()),
+            std::mem::size_of::<Mutex<Stripe>>(),
+        );
+        // The slots are read without the lock on every decision; what is
+        // written under the lock must not invalidate them.
+        assert!(
+            lock.end() < slots.start() || slots.end() < lock.start(),
+            "slots on lines {slots:?}, lock and stripe on {lock:?}"
+        );
+    }
 
     #[test]
     fn a_stripe_remembers_its_last_few_denied_keys() {

@@ -12,6 +12,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
+use super::slots::SWEEP_FROM;
 use crate::concurrency::Leases;
 use crate::config::{Algorithm, Concurrency, SlidingLog, SlidingWindow};
 use crate::decision::{Decision, Value};
@@ -102,9 +103,6 @@ pub(super) struct Sliding {
     /// The size at which inserts next sweep the maps for emptied keys.
     sweep_at: usize,
 }
-
-/// Entries below which the maps are not swept: a small map costs little.
-const SWEEP_FROM: usize = 256;
 
 impl Sliding {
     /// The number of keys held.

@@ -7,6 +7,13 @@
 
 use smallvec::SmallVec;
 
+/// Entries a stripe holds before inserts start sweeping for full buckets
+/// (and a sliding table before it sweeps for emptied keys): a small stripe
+/// costs little, and leaving it alone keeps `len` exact. Small, as there are
+/// many stripes: a store of short-lived keys should not hold `SWEEP_FROM` of
+/// them in every stripe before its tables start to shrink.
+pub(super) const SWEEP_FROM: usize = 32;
+
 /// One key's state. A fingerprint of 0 marks an empty slot.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct Entry {
