@@ -48,6 +48,20 @@ def split_case(name):
     return "shuffled", name
 
 
+def parse_keyed_instructions(work):
+    """[(case, sluice, governor)] from `scripts/keyed-instructions`, or
+    nothing when it was not run."""
+    path = work / "keyed-instructions.txt"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
+            rows.append((parts[0], int(parts[1]), int(parts[2])))
+    return rows
+
+
 def parse_redis(work):
     """Per scenario, per side, the decisions/s of each round, in order."""
     text = (work / "redis.txt").read_text()
@@ -264,6 +278,19 @@ on both sides: at `83dedc6` its run medians were 1.19 to 1.83, the
 cases with every key held 1.40 to 1.44.
 """)
     doc.extend(keyed_lines)
+    instructions = parse_keyed_instructions(work)
+    if instructions:
+        doc.append("""
+**Instructions per decision** (`scripts/keyed-instructions`): each side
+alone under callgrind, on one thread, the instructions of the timed loop
+divided by the decisions it made. The loop's own work, reading the next
+key and keeping the result, is in both counts alike, and SipHash of the
+key is a large share of each. Counts do not drift with the machine as times
+do, so they say how much of a ratio is work and how much is memory.
+
+| case | sluice | governor |
+|---|---|---|""")
+        doc.extend(f"| {case} | {ours:,} | {theirs:,} |" for case, ours, theirs in instructions)
     doc.append(f"""
 ## The sliding algorithms in process
 
@@ -423,21 +450,33 @@ median of a run has landed on either side of the goal: four runs on
 2026-11-26, before and after the floors set `TCP_NODELAY`, gave 0.76 to
 0.86.
 """,
-    "keyed-every": """### Keyed decisions visited in the order they were inserted
+    "keyed-every": """### Keyed decisions where the two sides are close
 
-At 100k keys, governor's time halves when its keys are visited in the
-order they were first decided, while Sluice's does not move. `perf
-record` of one such case (`SLUICE_PAIRED_ONLY=inserted:allowed_held/100kkeys/1threads`
-on the paired benchmark's binary, `--bench`) puts 69% of Sluice's
-`single_locked` time on one instruction: the load of the key's slot in
-its flat table, a cache miss, since the table is hashed and a few
-megabytes. Governor misses twice in a shuffled walk: once for its table's
-bucket and once for the copy of the key string it compares with, which it
-allocated when the key first came. In insertion order those copies lie in
-memory in visiting order, the hardware prefetches them, and governor is
-left with one miss as Sluice has. What separates the two then is the
-work around the miss, where they are close. At 1M keys governor's second
-miss comes back and Sluice stays ahead.
+Two kinds of case sit near 1.0. In the *inserted* shape at 100k keys,
+governor's keys are visited in the order it copied them into memory, the
+hardware prefetches those copies, and governor is left with one cache
+miss a decision, its table's bucket, as Sluice has one, its table's slot
+(`perf record` of `SLUICE_PAIRED_ONLY=inserted:allowed_held/100kkeys/1threads`
+puts about three quarters of each side's main function on that one
+load). In the
+uncontended 1-key cases neither side misses at all. In both, what
+separates the two is the work around the miss, which the instruction
+table above counts: about the same for one key, where Sluice's lock-free
+slot answers, and more for Sluice where a key is decided under its
+stripe's lock, which also builds the full answer (remaining, reset, retry
+time) that governor's yes or no does not carry. At 1M keys governor's
+second miss, its copy of the key, comes back and Sluice stays ahead.
+
+Commit `45bedd2` cut that work (`scripts/keyed-instructions`, against
+commit `2867e69`): a held decision from 929 instructions to 575, a denied
+one from 711 to 575 and a 1-key one from 469 to 409, with the bucket's
+arithmetic and the table's common paths inline, and no library call for a
+whole-number check. Commit
+`85ff228` went from 64 lock stripes to 512 on this machine, after the
+two-thread cases showed the stripes' locks and table headers passing
+between the cores. Before them, at `da627ee`, the inserted cases at 100k
+keys with every key held or denied measured 0.73 to 1.15, and two of the
+uncontended 1-key cases 0.98 and 0.99.
 """,
     "keyed-1m": """### Keyed decisions at 1M keys under Zipf traffic
 
@@ -548,12 +587,11 @@ ratios above. They are measured by the commands named, not by
 commit `7d83888`, before the RateLimit headers stopped going through a
 header map for RLS and the decision API.
 
-- **Keyed, in process** (`MemoryStore::decide_now` and what it calls, in
-  the paired benchmark): an uncontended 1-key decision is about 380
-  instructions for Sluice and 420 for governor, much of it SipHash on
-  each side. Sluice keeps SipHash: a key is held as its 64-bit
-  fingerprint, and a keyed PRF is what keeps anyone from aiming a key at
-  someone else's bucket. A held 100k-key decision is about 820.
+- **Keyed, in process**: see the instructions per decision under the
+  keyed tables above, which this script counts on every run. Much of
+  each side's count is SipHash. Sluice keeps it: a key is held as its
+  64-bit fingerprint, and a keyed PRF is what keeps anyone from aiming a
+  key at someone else's bucket.
 - **Redis** (`scripts/redis-instructions`, redis-server's instructions per
   decision on *mixed* traffic): the naive script about 68,000; Sluice's
   token bucket about 33,000 (batches of about 20 decisions a script call),
