@@ -56,9 +56,12 @@ def parse_keyed_instructions(work):
         return []
     rows = []
     for line in path.read_text().splitlines():
+        # The case, then each side's median, each perhaps followed by its
+        # runs' counts in parentheses.
         parts = line.split()
-        if len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit():
-            rows.append((parts[0], int(parts[1]), int(parts[2])))
+        medians = [int(p) for p in parts[1:] if p.isdigit()]
+        if len(medians) == 2:
+            rows.append((parts[0], *medians))
     return rows
 
 
@@ -281,9 +284,9 @@ cases with every key held 1.40 to 1.44.
     instructions = parse_keyed_instructions(work)
     if instructions:
         doc.append("""
-**Instructions per decision** (`scripts/keyed-instructions`): each side
-alone under callgrind, on one thread, the instructions of the timed loop
-divided by the decisions it made. The loop's own work, reading the next
+**Instructions per decision** (`scripts/keyed-instructions`, the median of
+three runs): each side alone under callgrind, on one thread, the
+instructions of the timed loop divided by the decisions it made. The loop's own work, reading the next
 key and keeping the result, is in both counts alike, and SipHash of the
 key is a large share of each. Counts do not drift with the machine as times
 do, so they say how much of a ratio is work and how much is memory.
