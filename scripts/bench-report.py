@@ -526,8 +526,9 @@ mostly denied call cost 17.0 µs against the floor's 14.1 (0.83). The
 decision's own cost did not change with the scheduler, so the same work
 is now a larger share of a smaller whole, and runs land on either side
 of 0.80: with the same RLS code, this report measured 0.75 (rounds
-0.68–0.81) at commit `4f81888` and 0.80 (rounds 0.75–0.90) at
-`da627ee`.
+0.68–0.81) at commit `4f81888`, 0.80 (rounds 0.75–0.90) at `da627ee`,
+and, with a cheaper memory store under it, 0.76 (rounds 0.70–0.82) at
+`ae1af00` and 0.88 (rounds 0.67–0.98) at `6d9ed6d`.
 """,
     "proxy": """### `sluice proxy` against nginx
 
@@ -568,7 +569,10 @@ of the proxy's samples went from 1.5% at `fcbaf66` to 0.75%).
 This report measured the proxy at 1.34× nginx (rounds 1.25–1.35) at
 commit `4f81888`, before the timers were reused, and 1.27× (rounds
 1.18–1.36) at `da627ee`; the four runs before commit `dd7cfaf`, 1.36×
-to 1.41×.
+to 1.41×. With the proxy's code unchanged since `da627ee` and a cheaper
+memory store under it, it measured 1.24× (rounds 1.02–1.49) at
+`ae1af00` and 1.36× (rounds 1.26–1.38) at `6d9ed6d`: a run lands on
+either side of the goal.
 
 Pinned to one CPU, as here, the proxy runs tokio's single-threaded
 scheduler (`--threads`, which defaults to the CPUs the process may use).
