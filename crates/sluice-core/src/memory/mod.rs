@@ -418,11 +418,23 @@ impl Stripe {
 #[repr(align(128))]
 struct Padded<T>(T);
 
-/// One stripe: its lock, and the lock-free slots of its hottest keys.
-#[derive(Default)]
+/// One stripe: its lock, the lock-free slots of its hottest keys, and its
+/// share of the key cap.
 struct Lane {
     lock: Mutex<Stripe>,
     hot: Hot,
+    /// Entries the stripe may hold; set once, before the store is shared.
+    cap: usize,
+}
+
+impl Default for Lane {
+    fn default() -> Self {
+        Lane {
+            lock: Mutex::default(),
+            hot: Hot::default(),
+            cap: usize::MAX,
+        }
+    }
 }
 
 impl Lane {
@@ -430,9 +442,9 @@ impl Lane {
     /// the hot keys back: eviction judges entries by their states, and must
     /// see every key's latest.
     #[inline]
-    fn maintain(&self, stripe: &mut Stripe, now: Nanos, cap: usize) {
-        if stripe.due(cap) {
-            self.enforce_cap(stripe, now, cap);
+    fn maintain(&self, stripe: &mut Stripe, now: Nanos) {
+        if stripe.due(self.cap) {
+            self.enforce_cap(stripe, now, self.cap);
         }
     }
 
@@ -489,7 +501,6 @@ pub struct MemoryStore<C = SystemClock> {
     hasher: RandomState,
     stripes: Box<[Padded<Lane>]>,
     stripe_bits: u32,
-    stripe_cap: usize,
     heat_all: bool,
 }
 
@@ -526,16 +537,32 @@ impl<C: Clock> MemoryStore<C> {
             hasher: RandomState::new(),
             stripes: (0..n).map(|_| Padded(Lane::default())).collect(),
             stripe_bits: n.trailing_zeros(),
-            stripe_cap: usize::MAX,
             heat_all: false,
         }
     }
 
-    /// Caps the number of keys held (approximately: the cap is split evenly
-    /// across stripes). When a stripe is full, the buckets nearest to full are
-    /// dropped first.
+    /// Caps the number of keys held. The cap is split across the lock
+    /// stripes, as evenly as whole keys allow and at least one key a stripe,
+    /// so that a cap below the number of stripes holds one key a stripe. When
+    /// a stripe is full, the buckets nearest to full are dropped first.
+    ///
+    /// ```
+    /// use sluice_core::{FakeClock, Limit, MemoryStore, Mode, Nanos, Op, TokenBucket};
+    /// let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO)).with_max_keys(10_000);
+    /// let limit = Limit::new("api", TokenBucket::new(0.001, 2.0).unwrap());
+    /// for i in 0..50_000 {
+    ///     store.decide_now(Op::new(&limit, &format!("k{i}"), 1.0), Mode::CONSUME).unwrap();
+    /// }
+    /// assert!(store.len() <= 10_000);
+    /// ```
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
-        self.stripe_cap = (max_keys >> self.stripe_bits).max(1);
+        let (share, extra) = (
+            max_keys >> self.stripe_bits,
+            max_keys & ((1 << self.stripe_bits) - 1),
+        );
+        for (i, lane) in self.stripes.iter_mut().enumerate() {
+            lane.0.cap = (share + usize::from(i < extra)).max(1);
+        }
         self
     }
 
@@ -730,7 +757,7 @@ impl<C: Clock> MemoryStore<C> {
         if let Some(state) = heat {
             lane.heat(stripe, tag, (fp, t), state);
         }
-        lane.maintain(stripe, now, self.stripe_cap);
+        lane.maintain(stripe, now);
         ev.decision
     }
 
@@ -769,7 +796,7 @@ impl<C: Clock> MemoryStore<C> {
             let delta = table.sliding.commit(kind, fp, next, now);
             stripe.apply(delta);
         }
-        lane.maintain(stripe, now, self.stripe_cap);
+        lane.maintain(stripe, now);
         decision
     }
 
@@ -939,7 +966,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
             }
             for (g, &i) in guards.iter_mut().zip(&locks) {
-                self.stripes[i].0.maintain(g, now, self.stripe_cap);
+                self.stripes[i].0.maintain(g, now);
             }
         }
         Ok(outcome)
@@ -1022,7 +1049,7 @@ impl<C: Clock> MemoryStore<C> {
                 }
             };
             stripe.count_write(t, delta, now);
-            lane.maintain(stripe, now, self.stripe_cap);
+            lane.maintain(stripe, now);
             d
         });
         Ok(Decision::settled(parts))
@@ -1206,6 +1233,19 @@ mod tests {
             lock.end() < slots.start() || slots.end() < lock.start(),
             "slots on lines {slots:?}, lock and stripe on {lock:?}"
         );
+    }
+
+    #[test]
+    fn the_key_cap_is_split_over_the_stripes_in_whole_keys() {
+        for max in [1, 100, 1_000, 10_007, 1_000_000] {
+            let store = MemoryStore::new().with_max_keys(max);
+            let caps: Vec<usize> = store.stripes.iter().map(|lane| lane.0.cap).collect();
+            // Every stripe holds at least one key, and the shares differ by
+            // one at most.
+            assert_eq!(caps.iter().sum::<usize>(), max.max(caps.len()), "cap {max}");
+            let (lo, hi) = (caps.iter().min(), caps.iter().max());
+            assert!(hi.zip(lo).is_some_and(|(hi, lo)| hi - lo <= 1), "cap {max}");
+        }
     }
 
     #[test]
