@@ -528,7 +528,8 @@ is now a larger share of a smaller whole, and runs land on either side
 of 0.80: with the same RLS code, this report measured 0.75 (rounds
 0.68–0.81) at commit `4f81888`, 0.80 (rounds 0.75–0.90) at `da627ee`,
 and, with a cheaper memory store under it, 0.76 (rounds 0.70–0.82) at
-`ae1af00` and 0.88 (rounds 0.67–0.98) at `6d9ed6d`.
+`ae1af00`, 0.88 (rounds 0.67–0.98) at `6d9ed6d` and 0.82 (rounds
+0.81–0.99) at `3c474bd`.
 """,
     "proxy": """### `sluice proxy` against nginx
 
@@ -571,8 +572,8 @@ commit `4f81888`, before the timers were reused, and 1.27× (rounds
 1.18–1.36) at `da627ee`; the four runs before commit `dd7cfaf`, 1.36×
 to 1.41×. With the proxy's code unchanged since `da627ee` and a cheaper
 memory store under it, it measured 1.24× (rounds 1.02–1.49) at
-`ae1af00` and 1.36× (rounds 1.26–1.38) at `6d9ed6d`: a run lands on
-either side of the goal.
+`ae1af00`, 1.36× (rounds 1.26–1.38) at `6d9ed6d` and 1.30× (rounds
+1.21–1.33) at `3c474bd`: a run lands on either side of the goal.
 
 Pinned to one CPU, as here, the proxy runs tokio's single-threaded
 scheduler (`--threads`, which defaults to the CPUs the process may use).
