@@ -288,8 +288,9 @@ cases with every key held 1.40 to 1.44.
 three runs): each side alone under callgrind, on one thread, the
 instructions of the timed loop divided by the decisions it made. The loop's own work, reading the next
 key and keeping the result, is in both counts alike, and SipHash of the
-key is a large share of each. Counts do not drift with the machine as times
-do, so they say how much of a ratio is work and how much is memory.
+key is a large share of each. Counts drift far less than times with the
+machine's load, so they say how much of a ratio is work and how much is
+memory.
 
 | case | sluice | governor |
 |---|---|---|""")

@@ -64,8 +64,7 @@ pub struct Eval {
 /// assert_eq!(second.next, None);
 /// ```
 // Always: a store's decision is mostly this, and a bucket's share of it is a
-// few operations (the windows' share is out of line, in `roll` and
-// `Pending::fixed_window`).
+// few operations.
 #[inline(always)]
 pub fn evaluate(
     alg: &Algorithm,
@@ -106,8 +105,10 @@ pub(crate) struct Pending {
 
 /// Refills (or rolls over) `state` to `now` and decides whether `cost` is
 /// admitted: [`evaluate`] without the decision.
-// Always: it sits between a read and a compare-and-swap, where a call's
-// spills widen the window another thread's commit can land in.
+// Always: it sits between a hot slot's read and its compare-and-swap, where
+// a call's spills widen the window another thread's commit can land in. (A
+// fixed window's roll is still a call there, in `refill`: the price of a
+// bucket's path free of the windows' code.)
 #[inline(always)]
 pub(crate) fn prepare(
     alg: &Algorithm,
@@ -267,7 +268,9 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
 /// over. A sliding algorithm is read as a fixed window (see the module's
 /// documentation).
 // The bucket's few operations inline in every caller; the windows' division
-// and alignment out of line, so that a bucket's decision carries none of it.
+// and alignment out of line. Inlining them too costs the bucket's hot path
+// registers, and the bucket is the common case (instruction counts in
+// docs/performance.md).
 #[inline(always)]
 fn refill(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State {
     match alg {

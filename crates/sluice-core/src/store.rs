@@ -310,7 +310,7 @@ impl<'a> Op<'a> {
             && self.cost <= max
             && (!reserve || self.limit.is_flat())
             // A whole number survives the round trip through an integer;
-            // the cost is below 2⁵³ here, so the cast is exact for one.
+            // the cost is at most 2⁵³ here, so the cast is exact for one.
             // (`fract` is a library call on the baseline target, which the
             // compiler makes on every call.)
             && (!self.limit.takes_leases() || (self.cost as u64) as f64 == self.cost)

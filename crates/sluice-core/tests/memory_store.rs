@@ -84,7 +84,9 @@ fn the_key_cap_holds_under_a_flood_of_unique_keys() {
 #[test]
 fn eviction_drops_the_buckets_nearest_to_full_first() {
     let clock = FakeClock::new(Nanos::ZERO);
-    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_024);
+    let store = MemoryStore::with_clock(clock.clone())
+        .with_stripes(64)
+        .with_max_keys(1_024);
     let slow = Limit::new("slow", TokenBucket::new(0.01, 100.0).unwrap());
     let fast = Limit::new("fast", TokenBucket::new(10.0, 2.0).unwrap());
     let drained = store
@@ -102,7 +104,9 @@ fn eviction_drops_the_buckets_nearest_to_full_first() {
 #[test]
 fn an_evicted_key_comes_back_no_fuller_than_it_left() {
     let clock = FakeClock::new(Nanos::ZERO);
-    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_024);
+    let store = MemoryStore::with_clock(clock.clone())
+        .with_stripes(64)
+        .with_max_keys(1_024);
     let slow = Limit::new("slow", TokenBucket::new(0.01, 100.0).unwrap());
     let slower = Limit::new("slower", TokenBucket::new(1e-6, 5.0).unwrap());
     let drained = store.transact_now(&[Op::new(&slow, "victim", 100.0)], Mode::CONSUME);
@@ -136,7 +140,9 @@ fn an_evicted_key_comes_back_no_fuller_than_it_left() {
 #[test]
 fn a_forgotten_key_under_a_slower_rate_refills_at_the_slower_rate() {
     let clock = FakeClock::new(Nanos::ZERO);
-    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(1_024);
+    let store = MemoryStore::with_clock(clock.clone())
+        .with_stripes(64)
+        .with_max_keys(1_024);
     let fast = Limit::new("l", TokenBucket::new(10.0, 10.0).unwrap());
     let spend = |limit: &Limit, key: &str, cost: f64| {
         store
@@ -268,7 +274,9 @@ proptest::proptest! {
         use std::collections::HashMap;
 
         let clock = FakeClock::new(Nanos::ZERO);
-        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(200);
+        let store = MemoryStore::with_clock(clock.clone())
+            .with_stripes(64)
+            .with_max_keys(200);
         let algs: [Algorithm; 3] = [
             TokenBucket::new(0.5, 4.0).unwrap().with_max_reserved(3.0).unwrap().into(),
             FixedWindow::new(3.0, Nanos(2 * Nanos::PER_SEC)).unwrap().with_capacity(5.0).unwrap().into(),
@@ -742,7 +750,9 @@ proptest::proptest! {
         use std::collections::HashMap;
 
         let clock = FakeClock::new(Nanos::ZERO);
-        let store = MemoryStore::with_clock(clock.clone()).with_max_keys(200);
+        let store = MemoryStore::with_clock(clock.clone())
+            .with_stripes(64)
+            .with_max_keys(200);
         let sw = SlidingWindow::per_period(4.0, Nanos(2 * Nanos::PER_SEC)).unwrap();
         let sl = SlidingLog::per_period(4.0, Nanos(3 * Nanos::PER_SEC)).unwrap();
         let limits = [

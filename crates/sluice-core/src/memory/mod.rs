@@ -501,6 +501,8 @@ pub struct MemoryStore<C = SystemClock> {
     hasher: RandomState,
     stripes: Box<[Padded<Lane>]>,
     stripe_bits: u32,
+    /// The key cap, `usize::MAX` for none; each stripe holds its share.
+    max_keys: usize,
     heat_all: bool,
 }
 
@@ -537,6 +539,7 @@ impl<C: Clock> MemoryStore<C> {
             hasher: RandomState::new(),
             stripes: (0..n).map(|_| Padded(Lane::default())).collect(),
             stripe_bits: n.trailing_zeros(),
+            max_keys: usize::MAX,
             heat_all: false,
         }
     }
@@ -556,14 +559,43 @@ impl<C: Clock> MemoryStore<C> {
     /// assert!(store.len() <= 10_000);
     /// ```
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self.split_cap();
+        self
+    }
+
+    /// Uses `n` lock stripes (rounded up to a power of two) instead of 256
+    /// a core, keeping the key cap. It exists so that tests whose keys must
+    /// crowd a few stripes do so whatever the machine; call it before the
+    /// store decides anything, as it starts the stripes afresh.
+    ///
+    /// ```
+    /// use sluice_core::MemoryStore;
+    /// let store = MemoryStore::new().with_stripes(64).with_max_keys(200);
+    /// assert!(store.is_empty());
+    /// ```
+    #[doc(hidden)]
+    pub fn with_stripes(mut self, n: usize) -> Self {
+        let n = n.max(1).next_power_of_two();
+        self.stripes = (0..n).map(|_| Padded(Lane::default())).collect();
+        self.stripe_bits = n.trailing_zeros();
+        self.split_cap();
+        self
+    }
+
+    /// Gives each stripe its share of the key cap: whole keys that differ by
+    /// one at most and add up to the cap, but at least one.
+    fn split_cap(&mut self) {
+        if self.max_keys == usize::MAX {
+            return;
+        }
         let (share, extra) = (
-            max_keys >> self.stripe_bits,
-            max_keys & ((1 << self.stripe_bits) - 1),
+            self.max_keys >> self.stripe_bits,
+            self.max_keys & ((1 << self.stripe_bits) - 1),
         );
         for (i, lane) in self.stripes.iter_mut().enumerate() {
             lane.0.cap = (share + usize::from(i < extra)).max(1);
         }
-        self
     }
 
     /// Moves every key written under a lock into a hot slot, instead of only
@@ -1218,7 +1250,9 @@ mod tests {
         assert!(std::mem::size_of::<Padded<Lane>>() <= 512);
         let lane = Lane::default();
         let offset = |addr: usize| addr - std::ptr::from_ref(&lane).addr();
-        let lines = |start: usize, len: usize| start / 64..=(start + len - 1) / 64;
+        // Pairs of lines, as the hardware fetches the line next to a miss too
+        // (which is why stripes are padded to 128 bytes).
+        let lines = |start: usize, len: usize| start / 128..=(start + len - 1) / 128;
         let slots = lines(
             offset(std::ptr::from_ref(&lane.hot).addr()),
             std::mem::size_of::<Hot>(),
@@ -1237,8 +1271,14 @@ mod tests {
 
     #[test]
     fn the_key_cap_is_split_over_the_stripes_in_whole_keys() {
-        for max in [1, 100, 1_000, 10_007, 1_000_000] {
-            let store = MemoryStore::new().with_max_keys(max);
+        for (max, stripes) in [
+            (1, 512),
+            (100, 64),
+            (1_000, 512),
+            (10_007, 4_096),
+            (1_000_000, 64),
+        ] {
+            let store = MemoryStore::new().with_max_keys(max).with_stripes(stripes);
             let caps: Vec<usize> = store.stripes.iter().map(|lane| lane.0.cap).collect();
             // Every stripe holds at least one key, and the shares differ by
             // one at most.
