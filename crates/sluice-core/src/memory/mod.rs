@@ -531,17 +531,15 @@ impl<C: Clock> MemoryStore<C> {
     /// A store reading time from `clock`, with no key cap.
     pub fn with_clock(clock: C) -> Self {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
-        let n = (cores * STRIPES_PER_CORE)
-            .next_power_of_two()
-            .min(MAX_STRIPES);
         MemoryStore {
             clock,
             hasher: RandomState::new(),
-            stripes: (0..n).map(|_| Padded(Lane::default())).collect(),
-            stripe_bits: n.trailing_zeros(),
+            stripes: Box::default(),
+            stripe_bits: 0,
             max_keys: usize::MAX,
             heat_all: false,
         }
+        .with_stripes((cores * STRIPES_PER_CORE).min(MAX_STRIPES))
     }
 
     /// Caps the number of keys held. The cap is split across the lock
