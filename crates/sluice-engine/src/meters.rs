@@ -50,7 +50,11 @@ pub(crate) enum StoreOp {
 /// a large share of a decision on the memory store. So a metrics recorder
 /// must be installed before the first decision, as it is at start-up.
 pub(crate) struct Meters {
-    decisions: RwLock<HashMap<Box<str>, RuleMeters>>,
+    /// By rule or named limit. Every decision looks its rules up here, and
+    /// the names are the policy's (an override's are a bounded few), so a
+    /// fast hasher serves, where SipHash would be much of what counting a
+    /// decision costs.
+    decisions: RwLock<HashMap<Box<str>, RuleMeters, foldhash::fast::RandomState>>,
     /// `sluice_store_seconds`, by [`StoreOp`].
     seconds: [OnceLock<Histogram>; 4],
     /// Every store call's duration, by [`latency_bucket`].

@@ -74,7 +74,10 @@ pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
         let (incoming, _) = Listener::new(tcp, "grpc", &Limits::default()).incoming();
         crate::serve::grpc_server(Duration::from_secs(10))
             .add_service(RateLimitServiceServer::new(AlwaysOk))
-            .serve_with_incoming(incoming)
+            // Serve's server can be shut down, and tonic then checks for
+            // the signal each time it polls a connection. The floor does
+            // that work too, though nothing ever signals it.
+            .serve_with_incoming_shutdown(incoming, std::future::pending())
             .await
             .context("the gRPC server failed")
     })
