@@ -1,5 +1,6 @@
 //! The [`Enforcer`]: a policy and a store, deciding requests and calls.
 
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -765,7 +766,21 @@ impl<S: Store + 'static> Enforcer<S> {
     /// call that the same key makes in between is decided by the limit
     /// alone, which has just denied it: it is all but sure to be denied
     /// too, and is never admitted beyond the limit.
-    async fn gated(
+    ///
+    /// Boxed: a rule with a penalty is the rare one, and its store calls
+    /// would otherwise make every decision's future as large as theirs, to
+    /// be moved into a box with each request.
+    fn gated<'a>(
+        &'a self,
+        ops: &'a [Op<'a>],
+        owners: &'a [Owner<'a>],
+        mode: Mode,
+    ) -> Pin<Box<impl Future<Output = Result<Outcome, StoreError>> + 'a>> {
+        Box::pin(self.gated_calls(ops, owners, mode))
+    }
+
+    /// [`Enforcer::gated`], unboxed.
+    async fn gated_calls(
         &self,
         ops: &[Op<'_>],
         owners: &[Owner<'_>],
