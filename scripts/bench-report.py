@@ -499,38 +499,53 @@ on the hottest keys, and the rounds' ratios spread widely.
 Both servers make one `sendto` a call (`perf stat -e
 'syscalls:sys_enter_sendto'`), so the difference is the work of a call.
 `scripts/serving-instructions rls rls-floor` counts it under callgrind,
-one call at a time, most calls denied: about 82,500 to 83,400
-instructions a call for `sluice serve` against about 62,200 for the
-floor, at commit `4f81888`. About 12,600 of the difference are
-`should_rate_limit` and what it calls (`callgrind_annotate
---inclusive=yes`): the answer about 7,700 (the problem body through
-serde_json, Envoy's header list, a `String` per name and value, which
-prost needs, and the descriptors' statuses), and the decision the rest.
-Encoding and sending the larger answer through tonic, h2 and the kernel
-is the remainder, and the floor, which answers OK with no headers, has
-none of it. A call every one of whose descriptors is allowed carries no
-body and costs less (the second RLS row).
+one call at a time, most calls denied: at commit `9547073`, about 67,500
+instructions a call for `sluice serve` against about 52,400 for the
+floor. About 12,000 of the difference are `should_rate_limit` and what
+it calls (`KEEP=DIR` keeps the profiles for `callgrind_annotate
+--inclusive=yes`): the problem body through serde_json about 3,600, the
+decision and its metering about 2,600, and the rest the answer, Envoy's
+header list (a `String` per name and value, which prost needs) and the
+descriptors' statuses. Encoding and sending the larger answer through
+prost, tonic and h2 is the remainder; the floor answers OK with no
+headers and no body. A call every one of whose descriptors is allowed
+carries no body and costs less (the second RLS row).
 
-The latest cuts to that work (commits `dd7cfaf` and `c1c6aff`): a
-denial's "retry in 1.234 s" used `format!("{{:.3}}")`, whose exact
-rounding cost about 1,400 instructions; it is now rounded in integers
-unless it is within a rounding error of a tie (checked by proptest
-against the formatter, with the doubles next to every tie). A call's
-descriptors, rule hits and decisions no longer go on the heap. Before
-them, at commit `fcbaf66`, the same command counted 83,600 to 84,800
-instructions a call.
+The release build's link-time optimisation (commit `c0e0fff`) took
+about as much off the floor as off `sluice serve`: 61,800 instructions a
+call down to 52,000 for the floor, 82,800 to 67,800 for serve. The same
+difference on a smaller whole is a lower ratio: `scripts/bench-serving`
+(`LAYOUTS=0`, 5 rounds) measured a mostly denied call at 9.1 µs against
+the floor's 7.2, 0.78, with it.
+
+What callgrind does not show: each call's future is moved into a box
+(the RLS service trait boxes it), and `perf record` on either server
+under load puts `memmove` at about 15% of its samples. A Redis call's
+future, held inside the store's even with the store in memory, made a
+call's future 2.4 KB. The server's store now boxes its Redis calls and
+the enforcer its penalty gate, the rare paths, which brings it to
+1.1 KB (commit `9547073`; a test holds a decision's future under 768
+bytes). The same `scripts/bench-serving`, after the store's half of
+that change: 8.7 µs a mostly denied call against the floor's 7.2, 0.82,
+and 8.4 µs against 7.2 with every call allowed.
+
+Earlier cuts (commits `dd7cfaf` and `c1c6aff`): a denial's "retry in
+1.234 s" is rounded in integers rather than by `format!("{{:.3}}")`,
+except within a rounding error of a tie (checked by proptest against the
+formatter), and a call's descriptors, rule hits and decisions stay off
+the heap.
 
 Both servers run tokio's single-threaded scheduler when pinned to one
 CPU, which made a call cheaper on both sides and the floor cheaper by a
 larger share: at commit `83dedc6`, on the multi-threaded scheduler, a
-mostly denied call cost 17.0 µs against the floor's 14.1 (0.83). The
-decision's own cost did not change with the scheduler, so the same work
-is now a larger share of a smaller whole, and runs land on either side
-of 0.80: with the same RLS code, this report measured 0.75 (rounds
-0.68–0.81) at commit `4f81888`, 0.80 (rounds 0.75–0.90) at `da627ee`,
-and, with a cheaper memory store under it, 0.76 (rounds 0.70–0.82) at
-`ae1af00`, 0.88 (rounds 0.67–0.98) at `6d9ed6d` and 0.82 (rounds
-0.81–0.99) at `3c474bd`.
+mostly denied call cost 17.0 µs against the floor's 14.1 (0.83). This
+report measured the mostly denied row at 0.75 (rounds 0.68–0.81) at
+commit `4f81888`, 0.80 (rounds 0.75–0.90) at `da627ee`, and, with a
+cheaper memory store under it, 0.76 (rounds 0.70–0.82) at `ae1af00`,
+0.88 (rounds 0.67–0.98) at `6d9ed6d` and 0.82 (rounds 0.81–0.99) at
+`3c474bd`; with the link-time optimisation, 0.78 (rounds 0.64–0.86) at
+`c0e0fff`, and with the smaller future 0.86 (rounds 0.73–1.11) at
+`9547073`.
 """,
     "proxy": """### `sluice proxy` against nginx
 
@@ -568,13 +583,23 @@ nor the wait for the upstream's answer enters a new sleep into tokio's
 timer wheel per request (outside the runtime's park, the timers' share
 of the proxy's samples went from 1.5% at `fcbaf66` to 0.75%).
 
+The release build's link-time optimisation (commit `c0e0fff`) took a
+proxied request from about 47,000 instructions to 42,800 with the rule,
+and from 38,300 to 34,600 without (`scripts/serving-instructions proxy
+proxy-bare`); nginx is the same build either way. The smaller decision
+future of commit `9547073` (see the RLS section) is the proxy's too.
+
 This report measured the proxy at 1.34× nginx (rounds 1.25–1.35) at
 commit `4f81888`, before the timers were reused, and 1.27× (rounds
 1.18–1.36) at `da627ee`; the four runs before commit `dd7cfaf`, 1.36×
 to 1.41×. With the proxy's code unchanged since `da627ee` and a cheaper
 memory store under it, it measured 1.24× (rounds 1.02–1.49) at
 `ae1af00`, 1.36× (rounds 1.26–1.38) at `6d9ed6d` and 1.30× (rounds
-1.21–1.33) at `3c474bd`: a run lands on either side of the goal.
+1.21–1.33) at `3c474bd`. With the link-time optimisation it measured
+1.48× (rounds 1.35–1.66) at `c0e0fff`, in a slow spell in which the
+proxy with no rule measured 1.21× and `scripts/bench-serving` run by hand
+right after measured 1.18×; and 1.26× (rounds 1.07–1.41) at `9547073`.
+A run still lands on either side of the goal.
 
 Pinned to one CPU, as here, the proxy runs tokio's single-threaded
 scheduler (`--threads`, which defaults to the CPUs the process may use).
@@ -607,6 +632,16 @@ header map for RLS and the decision API.
   off. The price is the build: about 5 min 15 s for a first release build
   on this machine instead of 4 min 25 s, and about 2 min 20 s to rebuild
   after a change to one crate, almost all of it the link.
+- **The benchmarks** (`cargo bench`) build with cargo's release
+  settings, crate by crate (`[profile.bench]`): they compare libraries,
+  and that is how a library's users build it unless they choose
+  otherwise. Under the binary's link-time optimisation, governor's keyed
+  decision took about 383 instructions where it takes 414, and Sluice's
+  428 on one key and 594 on 100k keys where it takes 410 and 580
+  (`scripts/keyed-instructions` at commit `c0e0fff`): the paired
+  comparison at `c0e0fff`, made that way, put Sluice at 0.72 of
+  governor's speed on one key and a thread. In Sluice's build, SipHash's
+  `write` and the benchmark's call into the store stopped being inlined.
 - **Keyed, in process**: see the instructions per decision under the
   keyed tables above, which this script counts on every run. Much of
   each side's count is SipHash. Sluice keeps it: a key is held as its
