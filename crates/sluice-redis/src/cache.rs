@@ -36,6 +36,11 @@ struct Slot {
     reset_at: Nanos,
 }
 
+/// A shortfall of tokens within this share of a bucket (or of the cost, if
+/// larger) may be rounding rather than a shortfall: far above a double's
+/// rounding error, far below any token a client could notice.
+const ROUNDING: f64 = 1e-9;
+
 /// A direct-mapped table of upper bounds, one small lock per slot.
 pub(crate) struct DenyCache {
     slots: Box<[Mutex<Slot>]>,
@@ -82,7 +87,22 @@ impl DenyCache {
             return None;
         }
         let ev = algorithm::evaluate(alg, Some(entry.bound), 0, now, cost, reserve);
-        (!ev.decision.allowed).then_some(ev.decision)
+        if ev.decision.allowed {
+            return None;
+        }
+        // Redis worked the bound out in doubles, and refilling it here rounds
+        // again: a key that holds exactly enough (a penalty's gate the moment
+        // it opens) can come out a rounding error short. Only a shortfall
+        // beyond rounding is certain; Redis decides the rest exactly.
+        let slack = ROUNDING * alg.capacity().max(cost).max(1.0);
+        let raised = State {
+            tokens: entry.bound.tokens + slack,
+            ..entry.bound
+        };
+        let sure = !algorithm::evaluate(alg, Some(raised), 0, now, cost, reserve)
+            .decision
+            .allowed;
+        sure.then_some(ev.decision)
     }
 
     /// Records that the key had at most `tokens` when Redis answered a request
@@ -149,6 +169,37 @@ mod tests {
         assert_eq!(c.deny(fp, &tb, Nanos(10), 1.0, false), None);
         c.learn(fp, &tb, 0.0, Nanos(10));
         assert!(c.deny(fp, &tb, Nanos(10), 1.0, false).is_some());
+    }
+
+    #[test]
+    fn a_bound_a_rounding_error_short_of_enough_proves_no_denial() {
+        // A penalty's gate: one token every 10 s, none held. Charged at 0,
+        // it opens again at exactly 10 s. Redis's reply to a call sent 1 ns
+        // before that says -1 + (1e10 - 1) × 1e-10 tokens, worked out in
+        // doubles, about 8e-18 further from 0 than the exact -1e-10; a
+        // nanosecond's refill then leaves it short of 0 by that much.
+        let gate = Algorithm::from(
+            TokenBucket::per_period(1.0, Nanos(10 * Nanos::PER_SEC))
+                .unwrap()
+                .with_burst(0.0)
+                .unwrap(),
+        );
+        let c = DenyCache::new(8);
+        let fp = c.fingerprint("login:penalty", "mallory", 0);
+        let sent = Nanos(10 * Nanos::PER_SEC - 1);
+        let tokens = -1.0 + (1e10 - 1.0) * 1e-10;
+        assert!(tokens < -1e-10, "the reply is a rounding error short");
+        c.learn(fp, &gate, tokens, sent);
+        assert_eq!(
+            c.deny(fp, &gate, Nanos(10 * Nanos::PER_SEC), 0.0, false),
+            None
+        );
+        // A shortfall beyond rounding is still denied here.
+        c.learn(fp, &gate, -0.5, Nanos(5 * Nanos::PER_SEC));
+        let d = c
+            .deny(fp, &gate, Nanos(5 * Nanos::PER_SEC), 0.0, false)
+            .unwrap();
+        assert_eq!(d.retry_after, Some(5.0));
     }
 
     #[test]
