@@ -502,7 +502,7 @@ Both servers make one `sendto` a call (`perf stat -e
 one call at a time, most calls denied: at commit `9547073`, about 67,500
 instructions a call for `sluice serve` against about 52,400 for the
 floor. About 12,000 of the difference are `should_rate_limit` and what
-it calls (`KEEP=DIR` keeps the profiles for `callgrind_annotate
+it calls (`KEEP_DIR=DIR` keeps the profiles for `callgrind_annotate
 --inclusive=yes`): the problem body through serde_json about 3,600, the
 decision and its metering about 2,600, and the rest the answer, Envoy's
 header list (a `String` per name and value, which prost needs) and the
@@ -512,18 +512,22 @@ headers and no body. A call every one of whose descriptors is allowed
 carries no body and costs less (the second RLS row).
 
 The release build's link-time optimisation (commit `c0e0fff`) took
-about as much off the floor as off `sluice serve`: 61,800 instructions a
-call down to 52,000 for the floor, 82,800 to 67,800 for serve. The same
-difference on a smaller whole is a lower ratio: `scripts/bench-serving`
-(`LAYOUTS=0`, 5 rounds) measured a mostly denied call at 9.1 µs against
-the floor's 7.2, 0.78, with it.
+61,800 instructions a call down to 52,000 for the floor and 82,800 to
+67,800 for serve, whose share of the floor's went from 0.75 to 0.77 (the
+floor also took on the shutdown watch serve's server polls, about 240
+instructions a call, in that commit). In time, each lost about 2 µs a
+call: `scripts/bench-serving` (`LAYOUTS=0`, 5 rounds) measured a mostly
+denied call at 9.1 µs against the floor's 7.2 with it, 0.78, where this
+report had measured 11.2 µs against 9.2 at `3c474bd`, within the spread
+of earlier runs either way.
 
 What callgrind does not show: each call's future is moved into a box
 (the RLS service trait boxes it), and `perf record` on either server
 under load puts `memmove` at about 15% of its samples. A Redis call's
 future, held inside the store's even with the store in memory, made a
 call's future 2.4 KB. The server's store now boxes its Redis calls and
-the enforcer its penalty gate, the rare paths, which brings it to
+the enforcer its penalty gate, paths a memory store never takes, which
+brings it to
 1.1 KB (commit `9547073`; a test holds a decision's future under 768
 bytes). The same `scripts/bench-serving`, after the store's half of
 that change: 8.7 µs a mostly denied call against the floor's 7.2, 0.82,
@@ -597,8 +601,10 @@ memory store under it, it measured 1.24× (rounds 1.02–1.49) at
 `ae1af00`, 1.36× (rounds 1.26–1.38) at `6d9ed6d` and 1.30× (rounds
 1.21–1.33) at `3c474bd`. With the link-time optimisation it measured
 1.48× (rounds 1.35–1.66) at `c0e0fff`, in a slow spell in which the
-proxy with no rule measured 1.21× and `scripts/bench-serving` run by hand
-right after measured 1.18×; and 1.26× (rounds 1.07–1.41) at `9547073`.
+`sluice serve`'s RLS floor took 10.1 µs a call where it took 7.2 in the
+hour around it, and in which `scripts/bench-serving` run by hand right
+after measured the proxy with its rule at 1.18×; and 1.26× (rounds
+1.07–1.41) at `9547073`.
 A run still lands on either side of the goal.
 
 Pinned to one CPU, as here, the proxy runs tokio's single-threaded
@@ -627,9 +633,8 @@ header map for RLS and the decision API.
   request path. `scripts/serving-instructions`, at commit `b7609a2`,
   before and after it: the proxy with its rule 47,000 instructions a
   request, then 42,800; with no rule 38,300, then 34,600; RLS, most calls
-  denied, 82,800, then 67,800; its floor 61,800, then 52,000. Crate by
-  crate link-time optimisation (`lto = "thin"`) took about half of that
-  off. The price is the build: about 5 min 15 s for a first release build
+  denied, 82,800, then 67,800; its floor 61,800, then 52,000. Thin
+  link-time optimisation (`lto = "thin"`) took about half of that off. The price is the build: about 5 min 15 s for a first release build
   on this machine instead of 4 min 25 s, and about 2 min 20 s to rebuild
   after a change to one crate, almost all of it the link.
 - **The benchmarks** (`cargo bench`) build with cargo's release
@@ -637,7 +642,7 @@ header map for RLS and the decision API.
   and that is how a library's users build it unless they choose
   otherwise. Under the binary's link-time optimisation, governor's keyed
   decision took about 383 instructions where it takes 414, and Sluice's
-  428 on one key and 594 on 100k keys where it takes 410 and 580
+  428 on one key and 594 on 100k keys where it takes 410 and 579
   (`scripts/keyed-instructions` at commit `c0e0fff`): the paired
   comparison at `c0e0fff`, made that way, put Sluice at 0.72 of
   governor's speed on one key and a thread. In Sluice's build, SipHash's

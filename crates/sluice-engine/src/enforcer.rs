@@ -767,9 +767,9 @@ impl<S: Store + 'static> Enforcer<S> {
     /// alone, which has just denied it: it is all but sure to be denied
     /// too, and is never admitted beyond the limit.
     ///
-    /// Boxed: a rule with a penalty is the rare one, and its store calls
-    /// would otherwise make every decision's future as large as theirs, to
-    /// be moved into a box with each request.
+    /// Boxed: a rule with a penalty is the rare one, and what the gate holds
+    /// across its two store calls would otherwise make every decision's
+    /// future that much larger, to be moved into a box with each request.
     fn gated<'a>(
         &'a self,
         ops: &'a [Op<'a>],

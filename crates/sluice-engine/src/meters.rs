@@ -51,9 +51,9 @@ pub(crate) enum StoreOp {
 /// must be installed before the first decision, as it is at start-up.
 pub(crate) struct Meters {
     /// By rule or named limit. Every decision looks its rules up here, and
-    /// the names are the policy's (an override's are a bounded few), so a
-    /// fast hasher serves, where SipHash would be much of what counting a
-    /// decision costs.
+    /// the names are the policy's, plus at most the inline and override
+    /// limits' caps more, so a fast hasher serves, where SipHash would be
+    /// much of what counting a decision costs.
     decisions: RwLock<HashMap<Box<str>, RuleMeters, foldhash::fast::RandomState>>,
     /// `sluice_store_seconds`, by [`StoreOp`].
     seconds: [OnceLock<Histogram>; 4],
