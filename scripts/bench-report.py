@@ -324,7 +324,9 @@ other.
 sides alternating. The servers are pinned to one CPU and the load client
 (`sluice bench`) to the other. Each figure is requests per server
 CPU-second, which does not depend on who set the pace; per call, the
-server CPU a call took.
+server CPU a call took. Each round's ratio compares two runs next to each
+other, and a comparison's ratio is the median of its rounds'; the figures
+per call are each side's median.
 
 - `sluice serve` answers `POST /v1/limit` (10,000 keys of `sendMessage`,
   most denied once their burst is spent) beside `sluice bench baseline`, a
