@@ -3,10 +3,11 @@
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use arc_swap::ArcSwap;
 use parking_lot::Mutex;
+use quanta::Instant;
 use sluice_core::{
     Decision, LEASE_IDS, Limit, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError,
 };
@@ -692,6 +693,7 @@ impl<S: Store + 'static> Enforcer<S> {
                 }
             }
         };
+        verdict.rules.reserve_exact(enforce.len());
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
             self.count(hit, d.allowed);
             verdict.rules.push(RuleDecision {
