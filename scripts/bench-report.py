@@ -473,25 +473,6 @@ stripe's lock, which also builds the full answer (remaining, reset, retry
 time) that governor's yes or no does not carry. At 1M keys governor's
 second miss, its copy of the key, comes back and Sluice stays ahead.
 
-The *inserted* cases on two threads are the closest, and a run's median
-has landed either side of 1.0. A second thread helps governor more than
-it helps Sluice. `SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core
---bench paired` at commit `1c43f4c`, every key allowed at 100k keys:
-
-- one thread: Sluice 77 ns a decision, governor 123 ns;
-- two threads: 57 ns against 58 ns, which is 113 ns against 116 ns for
-  each thread's decision.
-
-`perf record` of Sluice's side shows where its thread loses time. On two
-threads, about 24% of `single_locked`'s samples wait on the first load of
-the stripe's lock; on one thread, 0.6%. Both threads decide keys all over
-the table, so a stripe's lock line was last written by the other core
-about half the time, and it has to come across. Governor's thread gets
-faster instead. A plausible reason is that governor's larger memory per
-key (101 bytes against 51) misses further down the hierarchy on one
-thread, and the other thread, half a lap ahead, has just brought the
-same lines into the shared cache. Sluice's table fits either way.
-
 Commit `45bedd2` cut that work (`scripts/keyed-instructions`, against
 commit `2867e69`): a held decision from 929 instructions to 575, a denied
 one from 711 to 575 and a 1-key one from 469 to 409, with the bucket's
@@ -502,6 +483,27 @@ two-thread cases showed the stripes' locks and table headers passing
 between the cores. Before them, at `da627ee`, the inserted cases at 100k
 keys with every key held or denied measured 0.73 to 1.15, and two of the
 uncontended 1-key cases 0.98 and 0.99.
+
+The *inserted* cases on two threads are the closest, and a run's median
+has landed either side of 1.0. A second thread helps governor more than
+it helps Sluice. `SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core
+--bench paired` at commit `1c43f4c`, every key allowed at 100k keys:
+
+- one thread: Sluice 77 ns a decision, governor 123 ns;
+- two threads: 57 ns against 58 ns, which is 113 ns against 116 ns for
+  each thread's decision.
+
+`perf record` of Sluice's side alone (`SLUICE_PAIRED_SOLO=sluice
+SLUICE_PAIRED_ONLY=inserted:allowed/100kkeys/2threads`, then `perf
+annotate` of `single_locked`) shows where its thread loses time. On two
+threads, about 24% of `single_locked`'s samples wait on the first load of
+the stripe's lock; on one thread, 0.6%. Both threads decide keys all over
+the table, so a stripe's lock line was last written by the other core
+about half the time, and it has to come across. Governor's thread does
+not slow down. A plausible reason is that governor's larger memory per
+key (101 bytes against 51) misses further down the hierarchy on one
+thread, and the other thread, half a lap ahead, has just brought the
+same lines into the shared cache. Sluice's table fits either way.
 """,
     "keyed-1m": """### Keyed decisions at 1M keys under Zipf traffic
 
