@@ -325,8 +325,10 @@ sides alternating. The servers are pinned to one CPU and the load client
 (`sluice bench`) to the other. Each figure is requests per server
 CPU-second, which does not depend on who set the pace; per call, the
 server CPU a call took. Each round's ratio compares two runs next to each
-other, and a comparison's ratio is the median of its rounds'; the figures
-per call are each side's median.
+other, and a comparison's ratio is the median of its rounds'. The figures
+per call are each side's median, so their quotient can differ from that
+ratio, and two comparisons made minutes apart can differ by more than
+what separates their subjects.
 
 - `sluice serve` answers `POST /v1/limit` (10,000 keys of `sendMessage`,
   most denied once their burst is spent) beside `sluice bench baseline`, a
@@ -500,10 +502,12 @@ threads, about 24% of `single_locked`'s samples wait on the first load of
 the stripe's lock; on one thread, 0.6%. Both threads decide keys all over
 the table, so a stripe's lock line was last written by the other core
 about half the time, and it has to come across. Governor's thread does
-not slow down. A plausible reason is that governor's larger memory per
-key (101 bytes against 51) misses further down the hierarchy on one
-thread, and the other thread, half a lap ahead, has just brought the
-same lines into the shared cache. Sluice's table fits either way.
+not slow down, though its shards' locks are shared among more keys than
+Sluice's stripes are; why, this machine cannot say, as it gives no
+access to the CPU's cache counters. Two things tried at `4a9eaf3` did not
+move the two-thread ratios beyond the rounds' spread: a spin lock that
+releases with a plain store instead of `parking_lot`'s compare-and-swap,
+and four times as many stripes.
 """,
     "keyed-1m": """### Keyed decisions at 1M keys under Zipf traffic
 
@@ -539,9 +543,10 @@ second RLS row).
 Until commit `1b24725` the body went through serde_json's serializer,
 which checks every byte of every string it writes for escapes, the field
 names and the constant problem type included: about 3,500 instructions a
-call, 67,700 in all. The body is now written with its fixed parts as
-they are, and a string goes through serde_json only when it holds
-something to escape; a property test holds the two outputs equal.
+call, 67,700 in all at commit `8314562`. The body is now written with its
+fixed parts as they are, and a string goes through serde_json only when
+it holds something to escape; a property test holds the two outputs
+equal.
 
 The release build's link-time optimisation (commit `c0e0fff`) took
 61,800 instructions a call down to 52,000 for the floor and 82,800 to

@@ -475,10 +475,10 @@ impl Problem {
     ///
     /// Every denial is answered with one. serde_json checks each byte of
     /// each string it writes for escapes, the field names and the constant
-    /// type and title included, and that check was a denied RLS call's
-    /// largest cost after the decision itself. So the fixed parts are
-    /// written as they are, and a string goes through serde_json only when
-    /// it holds something to escape. A property test holds the two equal.
+    /// type and title included, and that check was a noticeable share of a
+    /// denied RLS call. So the fixed parts are written as they are, and a
+    /// string goes through serde_json only when it holds something to
+    /// escape. A property test holds the two equal.
     pub fn to_json(&self) -> Vec<u8> {
         // Room for a refusal's body at once, rather than growing to it.
         let mut out = Vec::with_capacity(256 + self.detail.len());
