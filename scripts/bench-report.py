@@ -676,8 +676,9 @@ header map for RLS and the decision API.
   before and after it: the proxy with its rule 47,000 instructions a
   request, then 42,800; with no rule 38,300, then 34,600; RLS, most calls
   denied, 82,800, then 67,800; its floor 61,800, then 52,000. Thin
-  link-time optimisation (`lto = "thin"`) took about half of that off. The price is the build: about 5 min 15 s for a first release build
-  on this machine instead of 4 min 25 s, and about 2 min 20 s to rebuild
+  link-time optimisation (`lto = "thin"`) took about half of that off.
+  The price is the build: about 5 min 15 s for a first release build on
+  this machine instead of 4 min 25 s, and about 2 min 20 s to rebuild
   after a change to one crate, almost all of it the link.
 - **The benchmarks** (`cargo bench`) build with cargo's release
   settings, crate by crate (`[profile.bench]`): they compare libraries,
