@@ -65,12 +65,14 @@ impl Entry {
     }
 }
 
-/// The keys of one limit within one stripe.
+/// The keys of one limit within one stripe. The entries' counts, which
+/// inserts write, come first: see [`Stripe`].
+#[repr(C)]
 struct Table {
+    entries: Slots,
     /// The handle last used: its configuration is the table's, and comparing
     /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
-    entries: Slots,
     /// The states of a sliding algorithm's keys (empty for the others);
     /// boxed, so that the table stays small for the others.
     sliding: Box<Sliding>,
@@ -206,17 +208,25 @@ impl Cutoff {
 /// How many recently denied keys a stripe remembers.
 const DENIED: usize = 4;
 
+/// What a decision writes in a stripe comes first, in declared order: the
+/// denied keys, the count and, at the start of the first table, that
+/// table's own counts. They then share the lock's cache line, which two
+/// cores deciding keys all over the store pass back and forth; a second
+/// written line would cross between them as often (see the test
+/// `the_fields_a_decision_writes_share_the_lock_s_cache_line`).
 #[derive(Default)]
+#[repr(C)]
 struct Stripe {
+    /// The low halves of the hot-slot tags of the stripe's last few denied
+    /// keys, oldest overwritten first: half is enough to tell a few keys
+    /// apart, and a key mistaken for another only earns a hot slot early.
+    denied: [u32; DENIED],
+    denied_next: u32,
+    len: usize,
     /// A store most often holds one limit, whose table then sits next to
     /// the lock, on lines no other stripe writes, rather than in a small
     /// heap block beside another stripe's.
     tables: SmallVec<[Table; 1]>,
-    len: usize,
-    /// The hot-slot tags of the stripe's last few denied keys, oldest
-    /// overwritten first.
-    denied: [u64; DENIED],
-    denied_next: usize,
 }
 
 impl Stripe {
@@ -226,11 +236,13 @@ impl Stripe {
     /// may be one of a stream of distinct keys, each of which would evict the
     /// slot's key only to be evicted in turn, two table writes a denial.
     fn denied_again(&mut self, tag: u64) -> bool {
-        if self.denied.contains(&tag) {
+        let low = tag as u32;
+        if self.denied.contains(&low) {
             return true;
         }
-        self.denied[self.denied_next] = tag;
-        self.denied_next = (self.denied_next + 1) % DENIED;
+        let next = self.denied_next as usize % DENIED;
+        self.denied[next] = low;
+        self.denied_next = ((next + 1) % DENIED) as u32;
         false
     }
 
@@ -1283,6 +1295,36 @@ mod tests {
             assert_eq!(caps.iter().sum::<usize>(), max.max(caps.len()), "cap {max}");
             let (lo, hi) = (caps.iter().min(), caps.iter().max());
             assert!(hi.zip(lo).is_some_and(|(hi, lo)| hi - lo <= 1), "cap {max}");
+        }
+    }
+
+    #[test]
+    fn the_fields_a_decision_writes_share_the_lock_s_cache_line() {
+        /// The cache lines of a value's first and last bytes.
+        fn lines<T>(at: &T) -> [usize; 2] {
+            let start = std::ptr::from_ref(at).addr();
+            [start / 64, (start + std::mem::size_of::<T>() - 1) / 64]
+        }
+        let lane = Padded(Lane::default());
+        // The lock's state is the mutex's first field, as its data, which
+        // may be unsized, must be its last.
+        let lock = lines(&lane.0.lock)[0];
+        let mut stripe = lane.0.lock.lock();
+        let limit = Limit::new("api", crate::TokenBucket::new(1.0, 2.0).unwrap());
+        let t = stripe.table(&limit, Nanos::ZERO, &lane.0.hot);
+        let mut written = vec![
+            lines(&stripe.denied),
+            lines(&stripe.denied_next),
+            lines(&stripe.len),
+        ];
+        written.extend(
+            stripe.tables[t]
+                .entries
+                .counts_at()
+                .map(|at| [at / 64, (at + 7) / 64]),
+        );
+        for (i, at) in written.iter().enumerate() {
+            assert_eq!(*at, [lock, lock], "written field {i}");
         }
     }
 

@@ -29,12 +29,15 @@ pub(super) fn nonzero(fp: u64) -> u64 {
     fp.max(1)
 }
 
+/// The counts an insert writes come first, before the slots' pointer,
+/// which only a resize writes.
 #[derive(Default)]
+#[repr(C)]
 pub(super) struct Slots {
-    slots: Vec<Entry>,
     len: usize,
     /// Where [`Slots::sweep`] resumes.
     cursor: usize,
+    slots: Vec<Entry>,
 }
 
 /// Where a fingerprint is, if it is present.
@@ -48,6 +51,15 @@ impl Slots {
     #[inline]
     pub(super) fn len(&self) -> usize {
         self.len
+    }
+
+    /// The addresses of the counts that an insert or a sweep writes.
+    #[cfg(test)]
+    pub(super) fn counts_at(&self) -> [usize; 2] {
+        [
+            std::ptr::from_ref(&self.len).addr(),
+            std::ptr::from_ref(&self.cursor).addr(),
+        ]
     }
 
     #[inline]
