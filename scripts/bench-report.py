@@ -486,10 +486,16 @@ between the cores. Before them, at `da627ee`, the inserted cases at 100k
 keys with every key held or denied measured 0.73 to 1.15, and two of the
 uncontended 1-key cases 0.98 and 0.99.
 
-The *inserted* cases on two threads are the closest, and a run's median
-has landed either side of 1.0. A second thread helps governor more than
-it helps Sluice. `SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core
---bench paired` at commit `1c43f4c`, every key allowed at 100k keys:
+The *inserted* cases at 100k keys are the closest, and a run's median
+has landed on either side of 1.0. Governor's time for them moves more
+from one run to the next than Sluice's does. In the two runs at commit
+`4aa91d6`, with every key held on one thread, Sluice took 92 and 78 ns a
+decision, and governor 131 and 81 ns. This machine gives no access to
+the CPU's cache counters, so it cannot say why.
+
+A second thread also helped governor more than it helped Sluice.
+`SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core --bench paired`
+at commit `1c43f4c`, every key allowed at 100k keys:
 
 - one thread: Sluice 77 ns a decision, governor 123 ns;
 - two threads: 57 ns against 58 ns, which is 113 ns against 116 ns for
@@ -497,17 +503,36 @@ it helps Sluice. `SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core
 
 `perf record` of Sluice's side alone (`SLUICE_PAIRED_SOLO=sluice
 SLUICE_PAIRED_ONLY=inserted:allowed/100kkeys/2threads`, then `perf
-annotate` of `single_locked`) shows where its thread loses time. On two
-threads, about 24% of `single_locked`'s samples wait on the first load of
-the stripe's lock; on one thread, 0.6%. Both threads decide keys all over
-the table, so a stripe's lock line was last written by the other core
-about half the time, and it has to come across. Governor's thread does
-not slow down, though its shards' locks are shared among more keys than
-Sluice's stripes are; why, this machine cannot say, as it gives no
-access to the CPU's cache counters. Two things tried at `4a9eaf3` did not
-move the two-thread ratios beyond the rounds' spread: a spin lock that
-releases with a plain store instead of `parking_lot`'s compare-and-swap,
-and four times as many stripes.
+annotate` of `single_locked`) showed where its thread lost time. On two
+threads, about 24% of `single_locked`'s samples waited on the first load
+of the stripe's lock; on one thread, 0.6%. Both threads decide keys all
+over the table, so a stripe's lock line was last written by the other
+core about half the time, and it has to come across. Two things tried at
+`4a9eaf3` did not move the two-thread ratios beyond the rounds' spread:
+a spin lock that releases with a plain store instead of `parking_lot`'s
+compare-and-swap, and four times as many stripes.
+
+Commit `4aa91d6` puts everything a decision writes in a stripe on the
+lock's cache line: the ring of recently denied keys, the stripe's count
+and the first table's counts. Before, a decision wrote two of its
+stripe's lines, and each had been written last by the other core about
+half the time. The paired benchmark's binary, built at `261c6b9` and at
+`4aa91d6`, was run by turns, three runs each of 15 rounds, on one case
+at a time at 100k keys on two threads. Every key denied: run medians
+1.11 to 1.24 before, 1.39 to 1.53 after. Every key held: 1.01 to 1.07
+before, 1.25 to 1.30 after. Every key allowed: 1.24 to 1.46 before, 1.29
+to 1.60 after, within the rounds' spread.
+
+With every key allowed, a decision still writes the table itself. The
+bucket is full again by the key's next call, so it was dropped, and the
+call inserts it anew and sweeps four slots for other full buckets. On
+two threads at `4aa91d6`, `perf annotate` puts 17% of `single_locked`'s
+samples on the lock's first load, and 11% on its release, which waits
+for the decision's writes to the table to leave the core. `Slots::sweep`
+and `Slots::insert_new` are 10% and 6% of all samples. Keeping full
+buckets until a table needs room would save the insert and the sweep,
+but a store of short-lived keys would then keep their memory instead of
+giving it back, so it is left as it is.
 """,
     "keyed-1m": """### Keyed decisions at 1M keys under Zipf traffic
 
