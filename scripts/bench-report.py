@@ -487,15 +487,16 @@ keys with every key held or denied measured 0.73 to 1.15, and two of the
 uncontended 1-key cases 0.98 and 0.99.
 
 The *inserted* cases at 100k keys are the closest, and a run's median
-has landed on either side of 1.0. Governor's time for them moves more
-from one run to the next than Sluice's does. In the two runs at commit
-`4aa91d6`, with every key held on one thread, Sluice took 92 and 78 ns a
-decision, and governor 131 and 81 ns. This machine gives no access to
-the CPU's cache counters, so it cannot say why.
+has landed on either side of 1.0. On one thread, governor's time for
+them moves more from one run to the next than Sluice's does. In the
+report's two runs at commit `4aa91d6`, with every key held, Sluice took
+92 and 78 ns a decision and governor 131 and 81 ns (run medians of the
+rounds' ratios 1.29 and 0.96). Why is unknown: this machine gives no access to the
+CPU's cache counters.
 
-A second thread also helped governor more than it helped Sluice.
-`SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core --bench paired`
-at commit `1c43f4c`, every key allowed at 100k keys:
+On two threads, a second thread has helped governor more than it helped
+Sluice. `SLUICE_PAIRED_ONLY=inserted: cargo bench -p sluice-core --bench
+paired` at commit `1c43f4c`, every key allowed at 100k keys:
 
 - one thread: Sluice 77 ns a decision, governor 123 ns;
 - two threads: 57 ns against 58 ns, which is 113 ns against 116 ns for
@@ -517,11 +518,14 @@ lock's cache line: the ring of recently denied keys, the stripe's count
 and the first table's counts. Before, a decision wrote two of its
 stripe's lines, and each had been written last by the other core about
 half the time. The paired benchmark's binary, built at `261c6b9` and at
-`4aa91d6`, was run by turns, three runs each of 15 rounds, on one case
-at a time at 100k keys on two threads. Every key denied: run medians
-1.11 to 1.24 before, 1.39 to 1.53 after. Every key held: 1.01 to 1.07
-before, 1.25 to 1.30 after. Every key allowed: 1.24 to 1.46 before, 1.29
-to 1.60 after, within the rounds' spread.
+`4aa91d6`, was run by turns, three runs each of 15 rounds, on one
+*inserted* case at a time at 100k keys on two threads. Every key denied:
+run medians 1.11 to 1.24 before, 1.39 to 1.53 after. Every key held:
+1.01 to 1.07 before, 1.25 to 1.30 after. Every key allowed: 1.24 to 1.46
+before, 1.29 to 1.60 after, within the rounds' spread. Those runs came
+in one sitting, and compare before with after, not with a report's
+tables: the report's run at `4aa91d6` gave 0.91 and 1.09 with every key
+allowed on two threads, in runs where governor's times came out lower.
 
 With every key allowed, a decision still writes the table itself. The
 bucket is full again by the key's next call, so it was dropped, and the

@@ -218,10 +218,11 @@ const DENIED: usize = 4;
 #[repr(C)]
 struct Stripe {
     /// The low halves of the hot-slot tags of the stripe's last few denied
-    /// keys, oldest overwritten first: half is enough to tell a few keys
-    /// apart, and a key mistaken for another only earns a hot slot early.
+    /// keys, oldest overwritten first. Halves, so that the ring fits on the
+    /// lock's line with the counts: they tell a few keys apart well enough,
+    /// and a key mistaken for another only earns a hot slot early.
     denied: [u32; DENIED],
-    denied_next: u32,
+    denied_next: usize,
     len: usize,
     /// A store most often holds one limit, whose table then sits next to
     /// the lock, on lines no other stripe writes, rather than in a small
@@ -240,9 +241,8 @@ impl Stripe {
         if self.denied.contains(&low) {
             return true;
         }
-        let next = self.denied_next as usize % DENIED;
-        self.denied[next] = low;
-        self.denied_next = ((next + 1) % DENIED) as u32;
+        self.denied[self.denied_next] = low;
+        self.denied_next = (self.denied_next + 1) % DENIED;
         false
     }
 
@@ -1306,9 +1306,15 @@ mod tests {
             [start / 64, (start + std::mem::size_of::<T>() - 1) / 64]
         }
         let lane = Padded(Lane::default());
-        // The lock's state is the mutex's first field, as its data, which
-        // may be unsized, must be its last.
-        let lock = lines(&lane.0.lock)[0];
+        // The lock's state is what the mutex holds before its data.
+        let mutex = std::ptr::from_ref(&lane.0.lock).addr();
+        let data = lane.0.lock.data_ptr().addr() - mutex;
+        assert!(
+            data > 0
+                && data + std::mem::size_of::<Stripe>() == std::mem::size_of::<Mutex<Stripe>>(),
+            "the stripe at byte {data} of the mutex"
+        );
+        let lock = mutex / 64;
         let mut stripe = lane.0.lock.lock();
         let limit = Limit::new("api", crate::TokenBucket::new(1.0, 2.0).unwrap());
         let t = stripe.table(&limit, Nanos::ZERO, &lane.0.hot);
@@ -1338,6 +1344,8 @@ mod tests {
             assert!(!stripe.denied_again(tag));
         }
         assert!(stripe.denied_again(7), "{DENIED} keys are remembered");
+        // A key whose tag shares the low half is taken for it.
+        assert!(stripe.denied_again(7 | 1 << 32));
         // One more distinct key pushes it out.
         assert!(!stripe.denied_again(200));
         assert!(!stripe.denied_again(7), "only {DENIED} keys are remembered");

@@ -29,8 +29,8 @@ pub(super) fn nonzero(fp: u64) -> u64 {
     fp.max(1)
 }
 
-/// The counts an insert writes come first, before the slots' pointer,
-/// which only a resize writes.
+/// The counts that an insert or a sweep writes come first, before the
+/// slots' pointer, which only a resize writes.
 #[derive(Default)]
 #[repr(C)]
 pub(super) struct Slots {
