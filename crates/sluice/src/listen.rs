@@ -21,7 +21,7 @@ use hyper::service::Service;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
 use self::connections::{Connections, Tracked};
 use self::timer::ConnectionTimer;
@@ -29,6 +29,30 @@ use self::timer::ConnectionTimer;
 /// How long a client has to send a request's headers; a connection that
 /// idles longer mid-request is closed (slowloris).
 const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The queue of connections the kernel keeps for a listening socket until
+/// the server accepts them; the kernel caps it at `net.core.somaxconn`.
+/// Tokio's own `bind` asks for 1024. A burst of connects beyond the queue
+/// has its handshakes dropped, and each of those clients then waits out
+/// SYN retransmissions, a second and then longer, before the server sees
+/// it.
+const LISTEN_BACKLOG: u32 = 4096;
+
+/// A listening socket at `addr`, with room for [`LISTEN_BACKLOG`]
+/// connections waiting to be accepted. The address is reused, as by
+/// tokio's `bind`, so that a restarted server need not wait for its last
+/// connections' `TIME_WAIT` to pass.
+pub(crate) fn bind(addr: SocketAddr) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(LISTEN_BACKLOG)
+}
 
 /// The pause after a failed `accept` (out of file descriptors, usually),
 /// so that the loop does not spin while the condition lasts.
@@ -269,6 +293,53 @@ mod tests {
     struct Flags {
         #[command(flatten)]
         limits: Limits,
+    }
+
+    /// A burst of connects that the server has not yet accepted waits in the
+    /// listening socket's queue, all of it: none has to wait out a SYN
+    /// retransmission, as the connects past tokio's 1024 would.
+    #[tokio::test]
+    async fn a_burst_of_two_thousand_connects_waits_in_the_listen_queue() {
+        let somaxconn = std::fs::read_to_string("/proc/sys/net/core/somaxconn")
+            .ok()
+            .and_then(|s| s.trim().parse::<usize>().ok())
+            .unwrap_or(4096);
+        // Both ends of every connection are this process's files.
+        let files = rlimit::increase_nofile_limit(4_256).unwrap_or(1_024);
+        let burst = 2000.min(somaxconn).min(
+            usize::try_from(files)
+                .unwrap_or(usize::MAX)
+                .saturating_sub(64)
+                / 2,
+        );
+        let tcp = bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let addr = tcp.local_addr().expect("address");
+        let mut connects = tokio::task::JoinSet::new();
+        for _ in 0..burst {
+            connects.spawn(TcpStream::connect(addr));
+        }
+        let mut clients = Vec::with_capacity(burst);
+        let connected = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(c) = connects.join_next().await {
+                clients.push(c.expect("task").expect("connect"));
+            }
+        })
+        .await;
+        assert!(
+            connected.is_ok(),
+            "{} of {burst} connects done in 10 s: the rest wait out SYN retransmissions",
+            clients.len()
+        );
+        // Queued connections are accepted at once; one whose handshake was
+        // dropped comes a second later at the earliest.
+        let mut accepted = Vec::with_capacity(burst);
+        while accepted.len() < burst {
+            match tokio::time::timeout(Duration::from_millis(500), tcp.accept()).await {
+                Ok(a) => accepted.push(a.expect("accept")),
+                Err(_) => break,
+            }
+        }
+        assert_eq!(accepted.len(), burst, "connections queued of {burst}");
     }
 
     /// The wait for a request head runs on a timer the connection reuses

@@ -51,7 +51,6 @@ use hyper::body::Incoming;
 use sluice_core::Store;
 use sluice_engine::Enforcer;
 use sluice_http::{PeerAddr, RateLimitLayer};
-use tokio::net::TcpListener;
 use tower::{Layer, ServiceExt};
 
 pub use admin::paths as admin_paths;
@@ -133,8 +132,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         crate::server::publish_runtime();
         let reloaded = Arc::clone(&status);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
-        let listener = TcpListener::bind(args.listen)
-            .await
+        let listener = crate::listen::bind(args.listen)
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let listener = Listener::new(listener, "proxy", &args.limits);
 
@@ -142,8 +140,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         let stop = Stop::on_signal();
         let admin = match args.admin {
             Some(addr) => {
-                let admin_listener = TcpListener::bind(addr)
-                    .await
+                let admin_listener = crate::listen::bind(addr)
                     .with_context(|| format!("cannot listen on {addr} (admin)"))?;
                 tracing::info!(addr = %admin_listener.local_addr()?, "admin endpoints");
                 let admin_listener = Listener::new(admin_listener, "admin", &args.limits);

@@ -16,7 +16,6 @@ use http::Request;
 use hyper::body::Incoming;
 use sluice_core::Clock;
 use sluice_policy::Policy;
-use tokio::net::TcpListener;
 use tower::ServiceExt;
 
 pub use api::{Api, AppState, MAX_BODY, app, paths};
@@ -93,11 +92,9 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         crate::server::publish_runtime();
         let reloaded = Arc::clone(&state);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
-        let listener = TcpListener::bind(args.http)
-            .await
+        let listener = crate::listen::bind(args.http)
             .with_context(|| format!("cannot listen on {}", args.http))?;
-        let grpc = TcpListener::bind(args.grpc)
-            .await
+        let grpc = crate::listen::bind(args.grpc)
             .with_context(|| format!("cannot listen on {}", args.grpc))?;
         tracing::info!(addr = %listener.local_addr()?, "serving the decision API");
         tracing::info!(addr = %grpc.local_addr()?, "serving Envoy's rate limit service");
