@@ -50,7 +50,7 @@ pub(super) struct BaselineArgs {
 /// up, so the default action is right).
 pub(super) fn run(args: &BaselineArgs) -> anyhow::Result<()> {
     super::runtime(&args.threads)?.block_on(async {
-        let listener = super::announce(args.listen).await?;
+        let listener = super::announce(args.listen)?;
         let builder = auto::Builder::new(TokioExecutor::new());
         loop {
             let stream = match listener.accept().await {

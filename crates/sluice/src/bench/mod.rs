@@ -212,12 +212,12 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
     }
 }
 
-/// Binds a baseline server's listener and prints the address it got on
-/// standard output, for the script that started it (port 0 picks one).
-async fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    let listener = tokio::net::TcpListener::bind(listen)
-        .await
-        .with_context(|| format!("cannot listen on {listen}"))?;
+/// Binds a baseline server's listener as `serve` binds its own, and
+/// prints the address it got on standard output, for the script that
+/// started it (port 0 picks one).
+fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    let listener =
+        crate::listen::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", listener.local_addr()?)?;
     out.flush()?;

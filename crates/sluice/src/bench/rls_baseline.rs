@@ -68,7 +68,7 @@ impl RateLimitService for AlwaysOk {
 /// up, so the default action is right).
 pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
     super::runtime(&args.threads)?.block_on(async {
-        let tcp = super::announce(args.listen).await?;
+        let tcp = super::announce(args.listen)?;
         // `sluice serve`'s listener, with its default limits, and its
         // server, with its default call timeout.
         let (incoming, _) = Listener::new(tcp, "grpc", &Limits::default()).incoming();
