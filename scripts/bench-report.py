@@ -493,7 +493,8 @@ uncontended 1-key cases 0.98 and 0.99.
 The *inserted* cases at 100k keys are the closest, and a run's median
 has landed on either side of 1.0. The report's run at commit `4aa91d6`
 missed the goal in its second run: every key allowed on two threads
-0.91, every key held 0.96 on one thread and 0.99 on two. On one thread,
+0.91, every key held 0.96 on one thread and 0.99 on two; the run at
+`6318784` met it, with these cases at 1.11 to 1.36. On one thread,
 governor's time for these cases moves more from one run to the next
 than Sluice's does. In those two runs, with every key held, Sluice took
 92 and 78 ns a decision and governor 131 and 81 ns (run medians of the
@@ -532,6 +533,12 @@ before, 1.29 to 1.60 after, within the rounds' spread. Those runs came
 in one sitting, and compare before with after, not with a report's
 tables: the report's run at `4aa91d6` gave 0.91 and 1.09 with every key
 allowed on two threads, in runs where governor's times came out lower.
+
+The case with every key allowed on two threads is the least steady. In
+the report's run at `0f3e8fc` its second run gave Sluice 52 ns a
+decision and governor 60 ns as the two sides' medians, but 0.89 as the
+median of the rounds' ratios (rounds 0.76 to 1.47): its rounds swing
+from one side to the other, and the goal takes the rounds' ratios.
 
 With every key allowed, a decision still writes the table itself. The
 bucket is full again by the key's next call, so it was dropped, and the
