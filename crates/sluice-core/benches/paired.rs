@@ -1,10 +1,14 @@
 //! The `keyed` comparison with governor, timed so that the ratio holds on a
-//! machine whose speed drifts: the two sides alternate in short slices (50
+//! machine whose speed drifts: the two sides alternate in short slices (25
 //! ms), the same number of decisions each, and every round gives a ratio
-//! of two slices timed next to each other. The side that goes first
-//! alternates too. Printed per case: the median time per decision of each
-//! side, the median ratio (governor time / sluice time, so above 1 means
-//! sluice is faster) and the range of the rounds' ratios.
+//! of slices timed next to each other. A round runs them as A B B A, so
+//! that each side runs once straight after itself and once straight after
+//! the other: a side can run much faster after itself (governor's keyed
+//! map, on two threads at 100k keys, by a fifth), and a round that gave
+//! one side only that start would favour it. Printed per case: the median
+//! time per decision of each side, the median ratio (governor time /
+//! sluice time, so above 1 means sluice is faster) and the range of the
+//! rounds' ratios.
 //!
 //! A second table pairs the same way the token bucket with each sliding
 //! algorithm, all on the in-memory store, at 1 and 100k keys on one thread:
@@ -12,10 +16,10 @@
 //! bucket's (above 1 means the sliding one is slower).
 //!
 //! `cargo bench -p sluice-core --bench paired`. Settings (environment):
-//! `SLUICE_PAIRED_ROUNDS` (15), `SLUICE_PAIRED_SLICE_MS` (50),
+//! `SLUICE_PAIRED_ROUNDS` (15), `SLUICE_PAIRED_SLICE_MS` (25),
 //! `SLUICE_PAIRED_ONLY`, a substring of the case names to run
 //! (`allowed/1keys/`, or `sliding_log/`, say), and `SLUICE_PAIRED_SOLO`,
-//! `sluice` or `governor`, which times that side in both slices of every
+//! `sluice` or `governor`, which times that side in every slice of every
 //! round and prints how many decisions it made, so that
 //! `scripts/keyed-instructions` can count one side's instructions. Run
 //! other than by `cargo bench`, as by `cargo test --benches`, it makes one
@@ -72,8 +76,8 @@ struct Pair {
 }
 
 /// Times `a` and `b` over `keys`, visited as `walk` says, on `threads`
-/// threads in alternating slices of the same number of decisions, the side
-/// that goes first alternating.
+/// threads in slices of the same number of decisions, each round in the
+/// order A B B A.
 fn pair<A, B>(
     timing: &Timing,
     keys: &[String],
@@ -92,16 +96,14 @@ fn pair<A, B>(
     ));
     let iters = ((timing.slice.as_secs_f64() * 1e9 / per) as usize).max(threads);
     let (mut a_ns, mut b_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
-    for round in 0..timing.rounds {
-        let (ta, tb) = if round % 2 == 0 {
-            let ta = timed_walk(keys, walk, &mut at_a, iters, threads, a);
-            (ta, timed_walk(keys, walk, &mut at_b, iters, threads, b))
-        } else {
-            let tb = timed_walk(keys, walk, &mut at_b, iters, threads, b);
-            (timed_walk(keys, walk, &mut at_a, iters, threads, a), tb)
-        };
-        a_ns.push(ns_per(ta, iters));
-        b_ns.push(ns_per(tb, iters));
+    for _ in 0..timing.rounds {
+        let a1 = timed_walk(keys, walk, &mut at_a, iters, threads, a);
+        let b1 = timed_walk(keys, walk, &mut at_b, iters, threads, b);
+        let b2 = timed_walk(keys, walk, &mut at_b, iters, threads, b);
+        let a2 = timed_walk(keys, walk, &mut at_a, iters, threads, a);
+        let (ta, tb) = (a1 + a2, b1 + b2);
+        a_ns.push(ns_per(ta, 2 * iters));
+        b_ns.push(ns_per(tb, 2 * iters));
         ratios.push(tb.as_secs_f64() / ta.as_secs_f64());
     }
     let (lo, hi) = ratios
@@ -113,7 +115,7 @@ fn pair<A, B>(
         ratio: median(&mut ratios),
         lo,
         hi,
-        decisions: 2 * (probe + iters * timing.rounds as usize),
+        decisions: 2 * (probe + 2 * iters * timing.rounds as usize),
     }
 }
 
@@ -126,7 +128,7 @@ fn main() {
             1
         },
         slice: Duration::from_millis(if full {
-            setting("SLUICE_PAIRED_SLICE_MS", 50).max(1)
+            setting("SLUICE_PAIRED_SLICE_MS", 25).max(1)
         } else {
             1
         }),
@@ -223,7 +225,7 @@ fn against_governor(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize {
         return 0;
     }
     println!(
-        "{:<40} {:>12} {:>12} {:>7}  rounds' ratios ({} rounds of {} ms slices)",
+        "{:<40} {:>12} {:>12} {:>7}  rounds' ratios ({} rounds of A B B A, {} ms slices)",
         "case",
         "sluice",
         "governor",
