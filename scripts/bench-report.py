@@ -273,10 +273,16 @@ the worst.
 times keyed decisions of the in-memory store next to governor's keyed
 limiter (keys `user:%08d`), on 1 and 2 threads. A call is *allowed* with
 buckets full again by the next call, *allowed_held* with every key held
-short of full, or *denied*. The sides alternate in 50 ms slices of the
-same number of decisions for 15 rounds, and each round's ratio compares
-two slices timed next to each other. The ratio is governor's time over
-Sluice's: above 1, Sluice is faster. Each call's key is read from copies
+short of full, or *denied*. The sides alternate in 25 ms slices of the
+same number of decisions for 15 rounds, each round in the order A B B A,
+and each round's ratio compares the two sides' slices of that round. So
+each side runs once straight after itself and once straight after the
+other in every round. Until commit `d7ec472` a round was one slice of
+each, the first side alternating. On two threads at 100k keys,
+governor's slices ran about a fifth faster straight after its own,
+while Sluice's barely moved; every other round then favoured governor,
+and a median of 15 such rounds falls in one half or the other. The ratio
+is governor's time over Sluice's: above 1, Sluice is faster. Each call's key is read from copies
 laid out in the order the walk visits them, as a key a server has just
 built from a request is in cache, so that only the limiters' own memory
 is visited at random. Until commit `6b150a4` the Zipf walk read its keys
@@ -534,11 +540,14 @@ in one sitting, and compare before with after, not with a report's
 tables: the report's run at `4aa91d6` gave 0.91 and 1.09 with every key
 allowed on two threads, in runs where governor's times came out lower.
 
-The case with every key allowed on two threads is the least steady. In
+The case with every key allowed on two threads was the least steady. In
 the report's run at `0f3e8fc` its second run gave Sluice 52 ns a
 decision and governor 60 ns as the two sides' medians, but 0.89 as the
-median of the rounds' ratios (rounds 0.76 to 1.47): its rounds swing
-from one side to the other, and the goal takes the rounds' ratios.
+median of the rounds' ratios (rounds 0.76 to 1.47). Its rounds were of
+two kinds: governor's slice straight after its own took about 43 ns a
+decision, and straight after Sluice's 53 to 60 ns, while Sluice's took
+about 51 ns either way. Since commit `d7ec472` every round gives each
+side one slice of each kind (see the method above).
 
 With every key allowed, a decision still writes the table itself. The
 bucket is full again by the key's next call, so it was dropped, and the
