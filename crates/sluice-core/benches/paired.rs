@@ -3,9 +3,9 @@
 //! ms), the same number of decisions each, and every round gives a ratio
 //! of slices timed next to each other. A round runs them as A B B A, so
 //! that each side runs once straight after itself and once straight after
-//! the other: a side can run much faster after itself (governor's keyed
-//! map, on two threads at 100k keys, by a fifth), and a round that gave
-//! one side only that start would favour it. Printed per case: the median
+//! the other: a side can run much faster straight after itself (see
+//! `docs/performance.md`), and a round that gave one side only that start
+//! would favour it. Printed per case: the median
 //! time per decision of each side, the median ratio (governor time /
 //! sluice time, so above 1 means sluice is faster) and the range of the
 //! rounds' ratios.
@@ -88,12 +88,11 @@ fn pair<A, B>(
 ) -> Pair {
     let (mut at_a, mut at_b) = (0, 0);
     // Size a slice by the slower side, from a first pass of each (which
-    // also warms both up).
+    // also warms both up). B's goes first, so that the first round's first
+    // slice, A's, runs straight after A as every later round's does.
     let probe = walk.visits.len().clamp(10_000, 100_000);
-    let per = ns_per(timed_walk(keys, walk, &mut at_a, probe, threads, a), probe).max(ns_per(
-        timed_walk(keys, walk, &mut at_b, probe, threads, b),
-        probe,
-    ));
+    let per_b = ns_per(timed_walk(keys, walk, &mut at_b, probe, threads, b), probe);
+    let per = ns_per(timed_walk(keys, walk, &mut at_a, probe, threads, a), probe).max(per_b);
     let iters = ((timing.slice.as_secs_f64() * 1e9 / per) as usize).max(threads);
     let (mut a_ns, mut b_ns, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..timing.rounds {

@@ -214,7 +214,8 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
 
 /// Binds a baseline server's listener as `serve` binds its own, and
 /// prints the address it got on standard output, for the script that
-/// started it (port 0 picks one).
+/// started it (port 0 picks one). Within a tokio runtime, as
+/// [`crate::listen::bind`].
 fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
     let listener =
         crate::listen::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;

@@ -203,7 +203,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
 ///     algorithm_config: {rps: 10, burst: 20}
 /// "#, "policy.yaml")?;
 /// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
-/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8000").await?;
+/// let listener = sluice::listen::bind("127.0.0.1:8000".parse()?)?;
 /// let listener = Listener::new(listener, "proxy", &Limits::default());
 /// let upstream = Upstream::parse("http://127.0.0.1:9000")?;
 /// proxy(listener, enforcer, upstream, async {
