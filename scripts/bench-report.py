@@ -551,6 +551,16 @@ decision, and straight after Sluice's 53 to 60 ns, while Sluice's took
 about 51 ns either way. Since commit `d7ec472` every round gives each
 side one slice of each kind (see the method above).
 
+The uncontended 1-key cases sit at about 1.1, and one run fell below:
+in the report's run at `6ca914f`, the first case of the first run, every
+key allowed at 1 key on one thread, took Sluice 45.5 ns a decision in
+every one of its 15 rounds (ratios 0.83 to 0.92), where the second run
+took 35.3 ns and earlier runs 35 to 36 ns; governor's side took 39 ns in
+both runs. Twelve fresh runs of that case alone just afterwards
+(`SLUICE_PAIRED_ONLY=allowed/1keys/1threads`) took Sluice 35.5 to 38.2
+ns, ratios 1.08 to 1.10, and the instruction counts above are 409
+against 413. What slowed Sluice's side in that one run is not known.
+
 With every key allowed, a decision still writes the table itself. The
 bucket is full again by the key's next call, so it was dropped, and the
 call inserts it anew and sweeps four slots for other full buckets. On
