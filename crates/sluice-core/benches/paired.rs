@@ -5,10 +5,9 @@
 //! that each side runs once straight after itself and once straight after
 //! the other: a side can run much faster straight after itself (see
 //! `docs/performance.md`), and a round that gave one side only that start
-//! would favour it. Printed per case: the median
-//! time per decision of each side, the median ratio (governor time /
-//! sluice time, so above 1 means sluice is faster) and the range of the
-//! rounds' ratios.
+//! would favour it. Printed per case: the median time per decision of each
+//! side, the median ratio (governor time / sluice time, so above 1 means
+//! sluice is faster) and the range of the rounds' ratios.
 //!
 //! A second table pairs the same way the token bucket with each sliding
 //! algorithm, all on the in-memory store, at 1 and 100k keys on one thread:

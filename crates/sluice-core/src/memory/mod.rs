@@ -1323,12 +1323,7 @@ mod tests {
             lines(&stripe.denied_next),
             lines(&stripe.len),
         ];
-        written.extend(
-            stripe.tables[t]
-                .entries
-                .counts_at()
-                .map(|at| [at / 64, (at + 7) / 64]),
-        );
+        written.extend(stripe.tables[t].entries.counts().map(lines));
         for (i, at) in written.iter().enumerate() {
             assert_eq!(*at, [lock, lock], "written field {i}");
         }
