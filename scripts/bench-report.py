@@ -17,6 +17,7 @@ SHAPES = [
 ]
 
 ROW = re.compile(r"^(\S+)\s+([\d.]+) ns\s+([\d.]+) ns\s+([\d.]+)\s+([\d.]+)–([\d.]+)\s*$")
+SPREAD_ROW = re.compile(r"^(\S+)\s+([\d.]+) ([\d.]+)–([\d.]+)\s+(\d+) of (\d+)\s")
 REDIS_ROW = re.compile(r"^(mixed|abuse)\s+(naive|sluice|window|log)\s+(\d+)\s")
 
 
@@ -62,6 +63,21 @@ def parse_keyed_instructions(work):
         medians = [int(p) for p in parts[1:] if p.isdigit()]
         if len(medians) == 2:
             rows.append((parts[0], *medians))
+    return rows
+
+
+def parse_keyed_spread(work):
+    """[(case, median, lo, hi, below, processes)] from `scripts/keyed-spread`,
+    or nothing when it was not run."""
+    path = work / "keyed-spread.txt"
+    if not path.exists():
+        return []
+    rows = []
+    for line in path.read_text().splitlines():
+        m = SPREAD_ROW.match(line)
+        if m:
+            rows.append((m.group(1), float(m.group(2)), float(m.group(3)), float(m.group(4)),
+                         int(m.group(5)), int(m.group(6))))
     return rows
 
 
@@ -147,6 +163,14 @@ def main():
             narrow.add(why)
 
     at_least("keyed decisions: at least governor's speed in every shape", "keyed-every", every, 1.0)
+    spread = parse_keyed_spread(work)
+    if spread and goals and goals[-1][3] == "keyed-every":
+        # How often a single process lands below the goal where the two
+        # sides are closest: the context of this run's lowest median.
+        below, processes = sum(r[4] for r in spread), sum(r[5] for r in spread)
+        goal, measured, met, why, note = goals[-1]
+        alone = f"1-key cases alone, one thread: {below} of {processes} fresh processes below 1.0"
+        goals[-1] = (goal, measured, met, why, f"{note}; {alone}" if note else alone)
     at_least("keyed decisions at 1M keys, shuffled and Zipf: at least 1.5× governor's speed", "keyed-1m",
              [(s, c, w) for s, c, w in every if s in ("shuffled", "zipf") and "/1Mkeys/" in c], 1.5)
 
@@ -307,6 +331,17 @@ memory.
 | case | sluice | governor |
 |---|---|---|""")
         doc.extend(f"| {case} | {ours:,} | {theirs:,} |" for case, ours, theirs in instructions)
+    if spread:
+        doc.append(f"""
+**The uncontended 1-key cases, one process at a time**
+(`scripts/keyed-spread`): each case alone in {spread[0][5]} fresh processes of
+the same benchmark, with the same rounds and slices as a run above, and
+each process's median ratio. Each run above is one such process.
+
+| case | median over processes | range | processes below 1.0 |
+|---|---|---|---|""")
+        doc.extend(f"| {case} | {med:.2f} | {lo:.2f}–{hi:.2f} | {below} of {n} |"
+                   for case, med, lo, hi, below, n in spread)
     doc.append(f"""
 ## The sliding algorithms in process
 
@@ -371,7 +406,26 @@ list without an `http` header map and from a cheaper top-keys summary.
 """)
     doc.extend(serving_lines)
     # The figures the explanations quote, as they print.
-    why_figures = {"bare_paragraph": ""}
+    why_figures = {"bare_paragraph": "", "one_key_paragraph": ""}
+    one_key = next(((o, t) for c, o, t in instructions if c == "allowed/1keys/1threads"), None)
+    work_line = (f"{one_key[0]} instructions a decision against {one_key[1]} with every key allowed "
+                 "(the instruction table above)" if one_key else "about the same instructions a decision")
+    if spread:
+        below, processes = sum(r[4] for r in spread), sum(r[5] for r in spread)
+        each = ", ".join(f"{m:.2f} ({c.split('/')[0]})" for c, m, _, _, _, _ in spread)
+        lo, hi = min(r[2] for r in spread), max(r[3] for r in spread)
+        spread_line = (f"In this run `scripts/keyed-spread` ran each of these {len(spread)} cases alone "
+                       f"in {spread[0][5]} fresh processes: the median process's ratio was {each}, and "
+                       f"the processes ranged from {lo:.2f} to {hi:.2f}, {below} of the {processes} "
+                       f"below 1.0. A report takes the lowest of {args.paired_runs * len(spread)} such "
+                       f"processes ({len(spread)} cases, {args.paired_runs} runs), so now and then one of them lands below 1.0 "
+                       "and the goal reads as missed.")
+    else:
+        spread_line = "Sluice's side is ahead by a few hundredths to a tenth, and the margin moves with the machine."
+    why_figures["one_key_paragraph"] = textwrap.fill(
+        "In the uncontended 1-key cases the two sides do the same work: SipHash of the key, one "
+        "read of the clock and, for an admitted call, one compare-and-swap; "
+        f"{work_line}. {spread_line}", 72, break_on_hyphens=False) + "\n"
     if bare is not None:
         against = "within the goal" if bare <= 1.3 else "over the goal"
         try:
@@ -551,15 +605,15 @@ decision, and straight after Sluice's 53 to 60 ns, while Sluice's took
 about 51 ns either way. Since commit `d7ec472` every round gives each
 side one slice of each kind (see the method above).
 
-The uncontended 1-key cases sit at about 1.1, and one run fell below:
-in the report's run at `6ca914f`, the first case of the first run, every
-key allowed at 1 key on one thread, took Sluice 45.5 ns a decision in
-every one of its 15 rounds (ratios 0.83 to 0.92), where the second run
-took 35.3 ns and earlier runs 35 to 36 ns; governor's side took 39 ns in
-both runs. Twelve fresh runs of that case alone just afterwards
-(`SLUICE_PAIRED_ONLY=allowed/1keys/1threads`) took Sluice 35.5 to 38.2
-ns, ratios 1.08 to 1.10, and the instruction counts above are 409
-against 413. What slowed Sluice's side in that one run is not known.
+{one_key_paragraph}
+The report's run at `6ca914f` was such a run: its first case, every key
+allowed at 1 key on one thread, took Sluice 45.5 ns a decision in every
+one of its 15 rounds (ratios 0.83 to 0.92), where its second run took
+35.3 ns; governor's side took 39 ns in both. What slows one process's
+Sluice side and not governor's is not known. It is not which CPU the
+process runs on: on 2026-11-27, twenty runs pinned to each CPU by turns
+(`taskset -c 0` and `-c 1`, `SLUICE_PAIRED_ONLY=allowed/1keys/1threads`)
+gave slow processes on both.
 
 With every key allowed, a decision still writes the table itself. The
 bucket is full again by the key's next call, so it was dropped, and the
