@@ -1,6 +1,6 @@
 //! Memory per key at 1M keys: sluice's `MemoryStore` against governor's keyed
 //! rate limiter (DashMap store, `String` keys), and the memory store's keys
-//! under the sliding window and the sliding log.
+//! under the sliding window, the sliding log and a concurrency limit.
 //!
 //! A counting global allocator would need `unsafe`, which the workspace
 //! forbids, so this measures the growth of the process's resident set
@@ -8,7 +8,8 @@
 //! decided once with a burst of 10 and a rate of 1 per hour, so that every key
 //! leaves a state behind (sluice does not hold full buckets); the sliding
 //! sides admit 10 per hour, so that each key holds a count, or a log of one
-//! entry. The key strings are generated before the first reading.
+//! entry, and each key of the concurrency limit holds one lease of an hour.
+//! The key strings are generated before the first reading.
 //!
 //! ```text
 //! cargo run --release -p sluice-core --example bytes_per_key            # all, in child processes
@@ -16,6 +17,7 @@
 //! cargo run --release -p sluice-core --example bytes_per_key -- governor
 //! cargo run --release -p sluice-core --example bytes_per_key -- sliding_window
 //! cargo run --release -p sluice-core --example bytes_per_key -- sliding_log
+//! cargo run --release -p sluice-core --example bytes_per_key -- concurrency
 //! ```
 //!
 //! Without an argument it runs each side in its own child process with
@@ -34,7 +36,9 @@ use std::num::NonZeroU32;
 use std::process::Command;
 
 use governor::{Quota, RateLimiter};
-use sluice_core::{Limit, MemoryStore, Mode, Nanos, Op, SlidingLog, SlidingWindow, TokenBucket};
+use sluice_core::{
+    Concurrency, Limit, MemoryStore, Mode, Nanos, Op, SlidingLog, SlidingWindow, TokenBucket,
+};
 
 const KEYS: usize = 1_000_000;
 
@@ -53,7 +57,13 @@ fn rss() -> usize {
 }
 
 /// The sides, as named on the command line.
-const SIDES: [&str; 4] = ["sluice", "governor", "sliding_window", "sliding_log"];
+const SIDES: [&str; 5] = [
+    "sluice",
+    "governor",
+    "sliding_window",
+    "sliding_log",
+    "concurrency",
+];
 
 /// Inserts the keys into one side and returns (keys held, RSS growth in bytes).
 fn measure(side: &str, keys: &[String]) -> (usize, usize) {
@@ -69,6 +79,10 @@ fn measure(side: &str, keys: &[String]) -> (usize, usize) {
         ),
         "sliding_log" => in_memory(
             Limit::new("api", SlidingLog::per_period(10.0, hour).unwrap()),
+            keys,
+        ),
+        "concurrency" => in_memory(
+            Limit::new("api", Concurrency::new(10.0, hour).unwrap()),
             keys,
         ),
         "governor" => {

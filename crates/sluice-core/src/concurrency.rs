@@ -43,6 +43,12 @@ struct Lease {
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct Leases {
     leases: VecDeque<Lease>,
+    /// The slots of every lease held, expired or not. Slots are whole, so
+    /// the sum is exact however it was reached: a call reads it instead of
+    /// adding up every lease, so that a key holding many leases costs a
+    /// call no more than one holding few (a store such as Redis runs calls
+    /// one at a time).
+    held: f64,
 }
 
 impl Leases {
@@ -89,12 +95,15 @@ impl Leases {
     /// ```
     pub fn read(&self, c: &Concurrency, now: Nanos, pending: f64, slots: f64) -> LogReading {
         let at = self.at(now);
-        let live = self.leases.range(self.expired(c, at)..);
-        let used: f64 = live.clone().map(|l| l.slots).sum();
+        let gone = self.expired(c, at);
+        let used = self.held_after(gone);
+        let live = self.leases.range(gone..);
         let mut left = used + pending;
         let frees_at = if left + slots <= c.max() {
             at
         } else {
+            // At most as many leases as the call needs slots: each holds
+            // one at least.
             live.clone()
                 .find(|l| {
                     left -= l.slots;
@@ -109,6 +118,18 @@ impl Leases {
             used,
             newest: live.last().map(|l| Nanos(l.t)),
             frees_at: Nanos(frees_at),
+        }
+    }
+
+    /// The slots held by the leases from index `gone` on: the total less
+    /// those before it, or those after it, whichever are fewer to add up.
+    fn held_after(&self, gone: usize) -> f64 {
+        if gone == 0 {
+            self.held
+        } else if gone <= self.leases.len() - gone {
+            self.held - self.leases.range(..gone).map(|l| l.slots).sum::<f64>()
+        } else {
+            self.leases.range(gone..).map(|l| l.slots).sum()
         }
     }
 
@@ -131,6 +152,7 @@ impl Leases {
                 self.leases.reserve_exact(1);
             }
             self.leases.push_back(Lease { t: at, slots, id });
+            self.held += slots;
         }
     }
 
@@ -142,7 +164,9 @@ impl Leases {
         self.expire(c, at);
         match self.leases.iter().position(|l| l.id == id) {
             Some(i) => {
-                self.leases.remove(i);
+                if let Some(l) = self.leases.remove(i) {
+                    self.held -= l.slots;
+                }
                 true
             }
             None => false,
@@ -151,6 +175,10 @@ impl Leases {
 
     fn expire(&mut self, c: &Concurrency, at: i64) {
         let gone = self.expired(c, at);
+        if gone == 0 {
+            return;
+        }
+        self.held = self.held_after(gone);
         self.leases.drain(..gone);
         if self.leases.capacity() > 8 && self.leases.len() * 4 < self.leases.capacity() {
             self.leases.shrink_to(self.leases.len() * 2);
@@ -187,6 +215,7 @@ impl Leases {
                 slots: c.max(),
                 id: 0,
             }]),
+            held: c.max(),
         })
     }
 }

@@ -382,7 +382,7 @@ impl SlidingLog {
 /// The most slots a concurrency limit may have per key (and so the most
 /// leases a key can hold): every lease is kept until it is released or
 /// expires.
-pub const MAX_SLOTS: f64 = 16_384.0;
+pub const MAX_SLOTS: f64 = 1_024.0;
 
 /// In-flight calls: at most `max` slots held at once per key. A call
 /// takes its slots with a lease, and gives them back when it releases the

@@ -22,10 +22,11 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use crate::algorithm::{State, evaluate, key_offset};
-use crate::sliding::{Log, WindowState, window_evaluate};
+use crate::sliding::{Log, MAX_LOG_ENTRIES, WindowState, window_evaluate};
 use crate::{
-    Algorithm, Clock, Concurrency, CostError, Decision, FakeClock, FixedWindow, Limit, MemoryStore,
-    Mode, Nanos, Op, Settle, SlidingLog, SlidingWindow, Store, StoreError, TokenBucket,
+    Algorithm, Clock, Concurrency, CostError, Decision, FakeClock, FixedWindow, Limit, MAX_SLOTS,
+    MemoryStore, Mode, Nanos, Op, Settle, SlidingLog, SlidingWindow, Store, StoreError,
+    TokenBucket,
 };
 
 const S: i64 = Nanos::PER_SEC;
@@ -67,12 +68,14 @@ pub async fn run_sliding<St: Store>(store: &St, clock: &FakeClock) {
     sliding_log_sums_what_is_left_afresh(store, clock).await;
     sliding_same_key_twice_pays_twice(store, clock).await;
     a_change_of_kind_never_grants_a_burst(store, clock).await;
+    a_change_of_kind_and_back_never_grants_a_burst(store, clock).await;
     sliding_settles_like_the_others(store, clock).await;
     concurrency_holds_at_most_max_in_flight(store, clock).await;
     concurrency_refuses_what_it_cannot_hold(store, clock).await;
     a_lease_joins_a_transaction(store, clock).await;
     sliding_agrees_with_the_pure_algorithm(store, clock).await;
     transactions_agree_with_the_memory_store(store, clock).await;
+    keys_as_fat_as_allowed_agree_with_the_memory_store(store, clock).await;
 }
 
 fn tb(rate: f64, burst: f64) -> TokenBucket {
@@ -583,6 +586,42 @@ pub async fn a_change_of_kind_never_grants_a_burst<St: Store>(store: &St, _clock
     }
 }
 
+/// A key exhausted under one kind of state is still exhausted after a
+/// change to another kind and back, however fast the kind in between
+/// would have refilled it: the time the old state empties is what each
+/// change carries, on every store, not the time the one in between would
+/// have taken.
+pub async fn a_change_of_kind_and_back_never_grants_a_burst<St: Store>(
+    store: &St,
+    clock: &FakeClock,
+) {
+    let minute = Nanos(60 * S);
+    let log: Algorithm = SlidingLog::per_period(5.0, minute).unwrap().into();
+    let leases: Algorithm = Concurrency::new(2.0, minute).unwrap().into();
+    // Full again 50 ms after it was emptied.
+    let fast: Algorithm = tb(100.0, 5.0).into();
+    for (i, (kind, used)) in [(log, 5.0), (leases, 2.0)].into_iter().enumerate() {
+        let name = format!("conf-kind-back-{i}");
+        let (old, between) = (Limit::new(name.clone(), kind), Limit::new(name, fast));
+        for _ in 0..used as usize {
+            assert!(one(store, &old, "k", 1.0, Mode::CONSUME).await.allowed);
+        }
+        step(clock, S);
+        let d = one(store, &between, "k", 1.0, Mode::CHECK).await;
+        assert!(
+            !d.allowed,
+            "{}: a bucket full only in 59 s: {d:?}",
+            kind.name()
+        );
+        step(clock, S);
+        let d = one(store, &old, "k", 1.0, Mode::CONSUME).await;
+        assert!(!d.allowed, "{} and back: {d:?}", kind.name());
+        assert_eq!(store.value(&old, "k").await.unwrap().tokens, 0.0);
+        step(clock, 58 * S);
+        assert!(one(store, &old, "k", used, Mode::CONSUME).await.allowed);
+    }
+}
+
 /// A sliding log whose costs floating point cannot sum exactly (0.1 + 0.2
 /// is 0.30000000000000004) counts what is left once an entry has left by
 /// summing the entries left, not by taking the one that left off a sum
@@ -871,6 +910,10 @@ pub async fn concurrency_refuses_what_it_cannot_hold<St: Store>(store: &St, _clo
     assert!(matches!(e, CostError::Slots { .. }), "{e:?}");
     let e = err(store.decide(Op::new(&l, "k", 4.0), Mode::CONSUME).await);
     assert!(matches!(e, CostError::Impossible { .. }), "{e:?}");
+    // In its own terms: a concurrency limit has no reservations to speak of.
+    let text = e.to_string();
+    assert!(text.contains("is 3 (the slots a key has)"), "{text}");
+    assert!(!text.contains("max_reserved"), "{text}");
     let e = err(store.decide(Op::new(&l, "k", 1.0), Mode::RESERVE).await);
     assert!(matches!(e, CostError::NoReservations { .. }), "{e:?}");
     let e = err(store.settle(&l, "k", Settle::Refund(1.0)).await);
@@ -1110,5 +1153,109 @@ pub async fn transactions_agree_with_the_memory_store<St: Store>(store: &St, clo
             ),
             (got, want) => panic!("{}: {got:?} against the memory store's {want:?}", what()),
         }
+    }
+}
+
+/// A concurrency key holding every slot its limit allows, each under a
+/// lease of its own, and a sliding log past the most entries a key keeps,
+/// agree with the memory store through acquisitions, releases from the
+/// middle, expiries of part of a key, checks of every size (whose waits
+/// walk many leases or entries) and refunds: what a store keeps beside a
+/// fat key so that no call adds all of it up must say what adding it up
+/// would.
+pub async fn keys_as_fat_as_allowed_agree_with_the_memory_store<St: Store>(
+    store: &St,
+    clock: &FakeClock,
+) {
+    let max = MAX_SLOTS;
+    let entries = MAX_LOG_ENTRIES as f64;
+    let leases = Limit::new(
+        "conf-fat-leases",
+        Concurrency::new(max, Nanos(100 * S)).unwrap(),
+    );
+    let log = Limit::new(
+        "conf-fat-log",
+        SlidingLog::per_period(2.0 * entries, Nanos(100 * S)).unwrap(),
+    );
+    let memory = MemoryStore::with_clock(clock.clone());
+    let mut rng = fastrand::Rng::with_seed(7);
+    let mut held: Vec<u64> = Vec::new();
+    let same = async |what: &str, op: Op<'_>, mode: Mode| {
+        let got = store.transact(&[op], mode).await.unwrap();
+        let want = memory.transact_now(&[op], mode).unwrap();
+        assert_eq!(
+            got,
+            want,
+            "{what}: {mode:?} of {} on {}",
+            op.cost,
+            op.limit.name()
+        );
+        got.allowed
+    };
+    let values_agree = async |what: &str| {
+        for l in [&leases, &log] {
+            let got = store.value(l, "k").await.unwrap();
+            assert_eq!(
+                got,
+                memory.value_now(l, "k"),
+                "{what}: value of {}",
+                l.name()
+            );
+        }
+    };
+    // Fill both over half their period, so that later steps expire part
+    // of each: every lease, and more entries than a log keeps, in costs
+    // whose sums are exact and costs whose are not.
+    for i in 0..max as usize {
+        let op = Op::new(&leases, "k", 1.0);
+        assert!(same("filling", op, Mode::CONSUME).await);
+        held.push(op.lease);
+        let cost = [1.0, 0.5, 0.1][i % 3];
+        same("filling", Op::new(&log, "k", cost), Mode::CONSUME).await;
+        if i % 5 == 0 {
+            same("filling", Op::new(&log, "k", 0.25), Mode::CONSUME).await;
+        }
+        step(clock, S / 20);
+    }
+    values_agree("full").await;
+    for round in 0..60 {
+        let what = format!("round {round}");
+        match rng.u8(..6) {
+            // Part of each key leaves: the oldest leases and entries.
+            0 => step(clock, [S, 3 * S, 7 * S, 20 * S][rng.usize(..4)]),
+            // A release from anywhere in the key.
+            1 if !held.is_empty() => {
+                let id = held.swap_remove(rng.usize(..held.len()));
+                let got = store.release(&leases, "k", id).await.unwrap();
+                assert_eq!(got, memory.release_now(&leases, "k", id), "{what}");
+            }
+            2 => {
+                let change = Settle::Refund([0.3, 7.0, 100.0][rng.usize(..3)]);
+                let got = store.settle(&log, "k", change).await.unwrap();
+                assert_eq!(got, memory.settle_now(&log, "k", change).unwrap(), "{what}");
+            }
+            _ => {}
+        }
+        step(clock, S / 1000);
+        for cost in [1.0, max / 2.0, max] {
+            let op = Op::new(&leases, "k", cost);
+            let mode = if rng.bool() {
+                Mode::CHECK
+            } else {
+                Mode::CONSUME
+            };
+            if same(&what, op, mode).await && mode.consume {
+                held.push(op.lease);
+            }
+        }
+        for cost in [0.1, 1.0, entries, 2.0 * entries] {
+            let mode = if rng.bool() {
+                Mode::CHECK
+            } else {
+                Mode::CONSUME
+            };
+            same(&what, Op::new(&log, "k", cost), mode).await;
+        }
+        values_agree(&what).await;
     }
 }

@@ -257,7 +257,7 @@ pub fn window_emptiest(
 /// entry, so a log holds at most as many entries as distinct admission
 /// times in one period; one that would need more merges its newest entry
 /// into the admission after it (see [`Log::commit`]).
-pub const MAX_LOG_ENTRIES: usize = 1 << 14;
+pub const MAX_LOG_ENTRIES: usize = 1 << 10;
 
 /// One logged admission: when, and how many tokens.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -6,7 +6,7 @@
 
 use std::future::Future;
 
-use crate::config::Limit;
+use crate::config::{Algorithm, Limit};
 use crate::decision::{Decision, Outcome, Value};
 
 /// Why a cost was refused before any state was touched.
@@ -20,7 +20,7 @@ pub enum CostError {
     /// [`Algorithm::max_cost`](crate::Algorithm::max_cost)).
     #[error(
         "cost {cost} can never succeed on limit {limit:?}: the most a call may ask for is {max} \
-         (the capacity, plus max_reserved or at most a year of refill when reserving)"
+         ({bound})"
     )]
     Impossible {
         /// The limit's name.
@@ -30,6 +30,10 @@ pub enum CostError {
         /// Capacity plus what may be reserved (see
         /// [`Algorithm::reservable`](crate::Algorithm::reservable)).
         max: f64,
+        /// What `max` is, in the limit's own terms: a concurrency limit's
+        /// slots, a sliding algorithm's rate, or a bucket's or window's
+        /// capacity and what it may reserve.
+        bound: &'static str,
     },
     /// A call on a concurrency limit takes whole slots.
     #[error("limit {limit:?} counts calls in flight in whole slots: a count of {cost} is not one")]
@@ -340,6 +344,14 @@ impl<'a> Op<'a> {
                 limit: self.limit.name().to_owned(),
                 cost: self.cost,
                 max,
+                bound: match alg {
+                    Algorithm::Concurrency(_) => "the slots a key has",
+                    Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) => "the rate",
+                    Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) => {
+                        "the capacity, plus max_reserved or at most a year of refill when \
+                         reserving"
+                    }
+                },
             }
         }
     }

@@ -413,7 +413,7 @@ async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
     let (st, _, j) = call(&s, "POST", "/v1/limit", long_log.to_string(), None).await;
     assert_eq!(st, 422);
     assert!(
-        j["detail"].as_str().unwrap().contains("logs at most 16384"),
+        j["detail"].as_str().unwrap().contains("logs at most 1024"),
         "{j}"
     );
     // Settings without the algorithm they configure.

@@ -12,9 +12,12 @@
 --   9 + 16n bytes, sliding log: '<dB' used, inexact (0 or 1), then n
 --     entries '<dd' t, cost, oldest first (sluice_core::sliding::Log).
 --     Deleted once empty.
---   2 + 24n bytes, concurrency: '\5\5', then n leases '<ddd' taken at,
---     slots, id, oldest first (sluice_core::concurrency::Leases). Even,
---     where a log's length is odd. Deleted once empty.
+--   10 + 24n bytes, concurrency: '\5\6', '<d' the slots held, then n
+--     leases '<ddd' taken at, slots, id, oldest first
+--     (sluice_core::concurrency::Leases). Even, where a log's length is
+--     odd. Deleted once empty. (Earlier versions wrote '\5\5' and the
+--     leases without the sum; such a key is read, and written back in
+--     this form.)
 -- The TTL of a sliding state is the time until it has counted nothing. A
 -- state of another length than its limit's kind keeps (the limit changed
 -- kind) comes back as the fullest state of the new kind that counts
@@ -362,27 +365,73 @@ local function expired(e, cutoff, size)
   return lo
 end
 
+-- Formats of m records, made once per call: '<' and fmt m times.
+local formats = {}
+local function format_of(fmt, m)
+  local by = formats[fmt]
+  if not by then by = {}; formats[fmt] = by end
+  local f = by[m]
+  if not f then f = '<' .. rep(fmt, m); by[m] = f end
+  return f
+end
+
+-- The most records decoded by one call into C: a walk or a sum over a fat
+-- key costs a call into C per this many records, not one per record.
+local SPAN = 256
+
+-- Records i..i+m-1 of e, each of fmt (`fields` doubles, `size` bytes), as
+-- one flat array.
+local function span(e, i, m, fmt, size)
+  return {unpack_s(format_of(fmt, m), e, i * size - size + 1)}
+end
+
+-- The sum of the second fields (a log's costs, a key's slots) of records
+-- i..j of e, oldest first from `from` (or subtracted from it, with sign
+-- -1), and whether every step was exact.
+local function sum_span(e, i, j, fmt, fields, size, from, sign)
+  local sum, exact = from, true
+  while i <= j do
+    local m = j - i + 1
+    if m > SPAN then m = SPAN end
+    local r = span(e, i, m, fmt, size)
+    for x = 2, m * fields, fields do
+      local d, ok = add_exact(sum, sign * r[x])
+      sum, exact = d, exact and ok
+    end
+    i = i + m
+  end
+  return sum, exact
+end
+
+-- The first record from i on (oldest first) at which `left`, less the
+-- second fields of the records up to it, leaves room for cost under max:
+-- its time, or false if none does, and what is left after every record
+-- walked. The walk decodes more at each step, since most end at once.
+local function walk(e, i, n, fmt, fields, size, left, cost, max)
+  local m = 4
+  while i <= n do
+    if m > n - i + 1 then m = n - i + 1 end
+    local r = span(e, i, m, fmt, size)
+    for x = 1, m * fields, fields do
+      left = left - r[x + 1]
+      if left + cost <= max then return r[x], left end
+    end
+    i = i + m
+    if m < SPAN then m = m * 2 end
+  end
+  return false, left
+end
+
 -- The sum of the costs of the entries after the first `live`, and whether
 -- it is exact: Log::sum_from.
 local function sum_from(e, used, inexact, live)
   if live == 0 then return used, inexact == 0 end
   local n = #e / 16
   if inexact == 0 and live <= n - live then
-    local u, exact = used, true
-    for i = 1, live do
-      local _, c = entry(e, i)
-      local d, ok = add_exact(u, -c)
-      u, exact = d, exact and ok
-    end
+    local u, exact = sum_span(e, 1, live, 'dd', 2, 16, used, -1)
     if exact then return u, true end
   end
-  local sum, exact = 0, true
-  for i = live + 1, n do
-    local _, c = entry(e, i)
-    local d, ok = add_exact(sum, c)
-    sum, exact = d, exact and ok
-  end
-  return sum, exact
+  return sum_span(e, live + 1, n, 'dd', 2, 16, 0, 1)
 end
 
 -- Log::read: the reading of key k's log for a call of cost after pending,
@@ -399,12 +448,7 @@ local function log_read(k, l, pending, cost)
   if live < n then newest = entry(e, n) end
   local frees = at
   if not (with + cost <= p1[l]) then
-    local left, found = with, false
-    for i = live + 1, n do
-      local t, c = entry(e, i)
-      left = left - c
-      if left + cost <= p1[l] then found = t; break end
-    end
+    local found, left = walk(e, live + 1, n, 'dd', 2, 16, with, cost, p1[l])
     if not found and pending > 0 then
       left = left - pending
       if left + cost <= p1[l] then found = at end
@@ -578,26 +622,29 @@ use_rare = function()
       cut = cut - 1
     end
     e = string.sub(e, 1, cut * 16) .. tail
-    local sum, exact = 0, true
-    for i = 1, #e / 16 do
-      local _, c = entry(e, i)
-      local d, ok = add_exact(sum, c)
-      sum, exact = d, exact and ok
-    end
+    local sum, exact = sum_span(e, 1, #e / 16, 'dd', 2, 16, 0, 1)
     lent[k], lused[k] = e, sum
     if exact then linex[k] = 0 else linex[k] = 1 end
     wlim[k] = l
   end
 
   -- Concurrency: lsent[k] is nil before the key is decoded, else its
-  -- leases (24 bytes each).
-  local lsent = {}
+  -- leases (24 bytes each), and lsheld[k] the slots they hold
+  -- (Leases::held), kept beside them so that no call adds up every lease.
+  local lsent, lsheld = {}, {}
   local function leases_of(k, l)
     local e = lsent[k]
     if e == nil then
       local v = blob[k]
-      if v and #v >= 26 and (#v - 2) % 24 == 0 and string.byte(v, 1) == 5 then
+      local held = 0
+      local b1, b2 = string.byte(v or '', 1, 2)
+      if b1 == 5 and b2 == 6 and #v >= 34 and (#v - 10) % 24 == 0 then
+        held = unpack_s('<d', v, 3)
+        e = string.sub(v, 11)
+      elseif b1 == 5 and b2 == 5 and #v >= 26 and (#v - 2) % 24 == 0 then
+        -- Written before the sum was kept: summed once, then kept.
         e = string.sub(v, 3)
+        held = sum_span(e, 1, #e / 24, 'ddd', 3, 24, 0, 1)
       else
         e = ''
         local ends = (v or tok[k]) and ghost_end(k)
@@ -605,12 +652,12 @@ use_rare = function()
           -- Leases::emptiest: every slot, under a lease no id releases.
           local t = ends - p2[l]
           if t > now then t = now end
-          e = pack_s('<ddd', t, p1[l], 0)
+          e, held = pack_s('<ddd', t, p1[l], 0), p1[l]
         end
       end
-      lsent[k] = e
+      lsent[k], lsheld[k] = e, held
     end
-    return e
+    return e, lsheld[k]
   end
 
   -- Lease i: taken at, slots, id.
@@ -618,28 +665,31 @@ use_rare = function()
     return unpack_s('<ddd', e, i * 24 - 23)
   end
 
+  -- Leases::held_after: the slots of the leases after the first `gone`,
+  -- from whichever side has fewer to add up.
+  local function held_after(e, held, gone)
+    if gone == 0 then return held end
+    local n = #e / 24
+    if gone <= n - gone then
+      return held - (sum_span(e, 1, gone, 'ddd', 3, 24, 0, 1))
+    end
+    return (sum_span(e, gone + 1, n, 'ddd', 3, 24, 0, 1))
+  end
+
   -- Leases::read: the reading of key k for a call of cost after pending,
   -- as at, used, newest (false if none), frees_at.
   local function lease_read(k, l, pending, cost)
-    local e = leases_of(k, l)
+    local e, held = leases_of(k, l)
     local at = read_at(e, 24)
     local n = #e / 24
     local live = expired(e, at - p2[l], 24)
-    local used = 0
-    for i = live + 1, n do
-      local _, c = lease(e, i)
-      used = used + c
-    end
+    local used = held_after(e, held, live)
     local newest = false
-    if live < n then newest = lease(e, n) end
+    if live < n then newest = time_of(e, n, 24) end
     local left = used + pending
     local frees = at
     if not (left + cost <= p1[l]) then
-      for i = live + 1, n do
-        local t, c = lease(e, i)
-        left = left - c
-        if left + cost <= p1[l] then frees = t; break end
-      end
+      frees = walk(e, live + 1, n, 'ddd', 3, 24, left, cost, p1[l]) or at
     end
     return at, used, newest, frees
   end
@@ -648,28 +698,43 @@ use_rare = function()
   -- cost slots under id, or give back lease id (returning whether it was
   -- held).
   local function lease_live(k, l)
-    local e = leases_of(k, l)
+    local e, held = leases_of(k, l)
     local at = read_at(e, 24)
     local gone = expired(e, at - p2[l], 24)
-    if gone > 0 then e = string.sub(e, gone * 24 + 1) end
+    if gone > 0 then
+      held = held_after(e, held, gone)
+      e = string.sub(e, gone * 24 + 1)
+    end
     wlim[k] = l
-    return e, at
+    return e, held, at
   end
   local function lease_commit(k, l, cost, id)
-    local e, at = lease_live(k, l)
-    if cost > 0 then e = e .. pack_s('<ddd', at, cost, id) end
-    lsent[k] = e
+    local e, held, at = lease_live(k, l)
+    if cost > 0 then
+      e = e .. pack_s('<ddd', at, cost, id)
+      held = held + cost
+    end
+    lsent[k], lsheld[k] = e, held
   end
   local function lease_release(k, l, id)
-    local e = lease_live(k, l)
-    for i = 1, #e / 24 do
-      local _, _, got = lease(e, i)
-      if got == id then
+    local e, held = lease_live(k, l)
+    -- The id's bytes, found by a search in C; a match inside another
+    -- field of a lease is skipped. Ids are whole numbers below 2^53, so
+    -- equal ids are equal bytes.
+    local needle, from = pack_s('<d', id), 1
+    while true do
+      local pos = string.find(e, needle, from, true)
+      if not pos then break end
+      if pos % 24 == 17 then
+        local i = (pos + 7) / 24
+        local _, slots = lease(e, i)
         lsent[k] = string.sub(e, 1, i * 24 - 24) .. string.sub(e, i * 24 + 1)
+        lsheld[k] = held - slots
         return true
       end
+      from = pos + 1
     end
-    lsent[k] = e
+    lsent[k], lsheld[k] = e, held
     return false
   end
 
@@ -745,6 +810,7 @@ use_rare = function()
 
   rare = {
     lsent = lsent,
+    lsheld = lsheld,
     lease = lease,
     lease_read = lease_read,
     lease_commit = lease_commit,
@@ -941,7 +1007,7 @@ for k = 1, nkeys do
     elseif kind[l] == 5 then
       local e = rare.lsent[k]
       if #e > 0 then
-        value = '\5\5' .. e
+        value = '\5\6' .. pack_s('<d', rare.lsheld[k]) .. e
         empty_at = rare.lease(e, #e / 24) + p2[l]
       end
     elseif #lent[k] > 0 then
