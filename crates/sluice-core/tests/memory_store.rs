@@ -6,7 +6,7 @@
 
 use std::time::Duration;
 
-use sluice_core::{FakeClock, Limit, MemoryStore, Mode, Nanos, Op, TokenBucket};
+use sluice_core::{Clock, FakeClock, Limit, MemoryStore, Mode, Nanos, Op, TokenBucket};
 
 fn take(store: &MemoryStore<FakeClock>, limit: &Limit, key: &str) -> bool {
     store
@@ -712,6 +712,60 @@ fn a_sliding_flood_beyond_the_key_cap_refills_nobody() {
         assert!(!take(&store, limit, "victim"), "{} refilled", limit.name());
         assert_eq!(store.value_now(limit, "victim").tokens, 0.0);
     }
+}
+
+/// The trade-off docs/memory-store.md states for concurrency limits, where
+/// a user choosing `max_keys` reads it: a flood of distinct keys holding
+/// leases, many times the cap, can lock keys never seen out (the store
+/// cannot tell them from the keys it forgot), for as long as the flood's
+/// own leases last and not a moment longer, and the forgotten victim gets
+/// nothing back.
+#[test]
+fn a_flood_of_keys_holding_leases_locks_new_keys_out_until_its_leases_end() {
+    use sluice_core::Concurrency;
+    let clock = FakeClock::new(Nanos::ZERO);
+    let store = MemoryStore::with_clock(clock.clone()).with_max_keys(4_096);
+    let lease = Duration::from_secs(300);
+    let uploads = Limit::new(
+        "uploads",
+        Concurrency::new(2.0, Nanos(lease.as_nanos() as i64)).unwrap(),
+    );
+    for _ in 0..2 {
+        assert!(take(&store, &uploads, "victim"));
+    }
+    for i in 0..100_000 {
+        take(&store, &uploads, &format!("flood-{i}"));
+        if i % 1_000 == 999 {
+            clock.advance(Duration::from_millis(1));
+        }
+    }
+    let flood_ends = clock.now().0 + lease.as_nanos() as i64;
+    let locked_out = (0..1_000)
+        .filter(|i| store.value_now(&uploads, &format!("new-{i}")).tokens < 2.0)
+        .count();
+    assert!(
+        locked_out > 900,
+        "only {locked_out} of 1,000 new keys held back"
+    );
+    let d = store
+        .transact_now(&[Op::new(&uploads, "new-0", 1.0)], Mode::CHECK)
+        .unwrap();
+    let wait = d.retry_after().unwrap();
+    assert!(
+        wait <= lease.as_secs_f64(),
+        "held back {wait} s, longer than a lease"
+    );
+    assert!(!take(&store, &uploads, "victim"));
+    // A nanosecond before the flood's last lease ends, a key may still be
+    // held back; at that moment, none is.
+    clock.advance(Duration::from_nanos(
+        (flood_ends - clock.now().0 - 1) as u64,
+    ));
+    clock.advance(Duration::from_nanos(1));
+    for i in 0..1_000 {
+        assert_eq!(store.value_now(&uploads, &format!("new-{i}")).tokens, 2.0);
+    }
+    assert!(take(&store, &uploads, "victim"));
 }
 
 #[test]

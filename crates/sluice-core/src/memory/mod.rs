@@ -273,7 +273,8 @@ impl Stripe {
         {
             Some(i) => {
                 let (from, to) = (self.tables[i].alg(), *limit.shard_algorithm());
-                if !Kind::same_states(&from, &to) {
+                let same_states = Kind::same_states(&from, &to);
+                if !same_states {
                     hot.drain(|held| self.write_back(held));
                     self.tables[i].forget_all(now);
                     self.recount();
@@ -281,8 +282,15 @@ impl Stripe {
                 let table = &mut self.tables[i];
                 // A reload hands over a new handle to the same configuration
                 // as often as a changed one; only a change moves the times.
+                // A change of kind keeps them as they are: each key comes
+                // back as the fullest state of the new kind that is empty by
+                // the time the old one would have been, as on Redis, whose
+                // keys keep their expiry. Moved to the new kind's refill,
+                // they would be lost to a change back: a log of a minute
+                // turned into a fast bucket and back would forget its calls.
                 if let Some(g) = &mut table.ghosts
                     && from != to
+                    && same_states
                 {
                     g.remap(now, |at| algorithm::refill_time_under(&from, &to, at, now));
                 }
@@ -558,6 +566,13 @@ impl<C: Clock> MemoryStore<C> {
     /// stripes, as evenly as whole keys allow and at least one key a stripe,
     /// so that a cap below the number of stripes holds one key a stripe. When
     /// a stripe is full, the buckets nearest to full are dropped first.
+    ///
+    /// A dropped key never comes back fuller than it was, so a flood of
+    /// more distinct keys than the cap can hold keys never seen back until
+    /// the flood's own keys would have refilled, or, on a concurrency
+    /// limit, until their leases end: size the cap for the keys that hold
+    /// state within one refill or one lease (`docs/memory-store.md`, "The
+    /// trade-off").
     ///
     /// ```
     /// use sluice_core::{FakeClock, Limit, MemoryStore, Mode, Nanos, Op, TokenBucket};
