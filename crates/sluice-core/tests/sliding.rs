@@ -89,6 +89,44 @@ proptest! {
         }
     }
 
+    /// What docs/semantics.md says a sliding window's estimate bounds: at
+    /// most `rate` in each of the key's own windows, and in a span of one
+    /// period that starts a share `x` into a window, at most `rate + a × x`,
+    /// where `a` is what that window admitted within the span: less than
+    /// twice the rate, never the rate alone.
+    #[test]
+    fn a_sliding_window_admits_its_rate_a_window_and_less_than_twice_it_in_any_period(
+        sw in sliding_window(), calls in calls(),
+    ) {
+        let (clock, store) = store();
+        let limit = Limit::new("p", sw);
+        let (p, start, rate) = (sw.period().0, sw.start().unwrap().0, sw.rate());
+        let mut t = 0;
+        let mut admitted: Vec<(i64, f64)> = vec![];
+        for (dt, cost, _) in calls {
+            t += dt;
+            clock.set(Nanos(t));
+            let cost = cost.min(rate);
+            if decide(&store, &limit, cost, Mode::CONSUME).allowed {
+                admitted.push((t, cost));
+            }
+        }
+        let sum = |from: i64, to: i64| -> f64 {
+            admitted.iter().filter(|&&(t, _)| t >= from && t < to).map(|&(_, c)| c).sum()
+        };
+        let slack = rate * 1e-12;
+        for &(at, _) in &admitted {
+            let ws = start + (at - start).div_euclid(p) * p;
+            prop_assert!(sum(ws, ws + p) <= rate + slack, "the window from {ws}");
+            // The heaviest spans start at an admission.
+            let a = sum(at, ws + p);
+            let x = (at - ws) as f64 / p as f64;
+            let span = sum(at, at + p);
+            prop_assert!(span <= rate + a * x + slack, "{span} in the period from {at}");
+            prop_assert!(span < 2.0 * rate + slack, "{span} in the period from {at}");
+        }
+    }
+
     /// Callers that take one token at a time until denied, at random
     /// moments, keep a sliding log of a whole rate at exactly its rate: the
     /// period before every call holds exactly `rate` admitted.

@@ -20,15 +20,20 @@ impl<'de> Deserialize<'de> for Secs {
                 f.write_str("seconds as a number, or a duration such as 500ms, 1s, 1m, 1h or 1d")
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<Secs, E> {
-                Nanos::from_secs_f64(v)
+                nanos_of_secs(v)
                     .map(Secs)
                     .ok_or_else(|| E::custom(format_args!("duration {v} s is out of range")))
             }
             fn visit_i64<E: de::Error>(self, v: i64) -> Result<Secs, E> {
-                self.visit_f64(v as f64)
+                v.checked_mul(Nanos::PER_SEC)
+                    .map(|ns| Secs(Nanos(ns)))
+                    .ok_or_else(|| E::custom(format_args!("duration {v} s is out of range")))
             }
             fn visit_u64<E: de::Error>(self, v: u64) -> Result<Secs, E> {
-                self.visit_f64(v as f64)
+                match i64::try_from(v) {
+                    Ok(v) => self.visit_i64(v),
+                    Err(_) => Err(E::custom(format_args!("duration {v} s is out of range"))),
+                }
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<Secs, E> {
                 let d = humantime::parse_duration(v.trim()).map_err(|e| {
@@ -43,5 +48,58 @@ impl<'de> Deserialize<'de> for Secs {
             }
         }
         d.deserialize_any(SecsVisitor)
+    }
+}
+
+/// `secs` seconds in nanoseconds, as exactly as a double holds them. The
+/// whole seconds and the fraction are converted apart: their product with
+/// 10⁹ in one double would round (at today's epoch, 1795820513.25 s came
+/// out 128 ns off). Where a double cannot tell nanoseconds apart (from
+/// about 97 days up; at today's epoch it resolves about 240 ns), the time
+/// is taken to the nearest microsecond it may stand for, so that a `start`
+/// of `1795820513.000001` means the microsecond it says.
+fn nanos_of_secs(secs: f64) -> Option<Nanos> {
+    const NS: f64 = Nanos::PER_SEC as f64;
+    let whole = secs.trunc();
+    // Beyond ±9.2e9 s the nanoseconds do not fit an i64.
+    if !whole.is_finite() || whole.abs() >= i64::MAX as f64 / NS {
+        return None;
+    }
+    let fraction = ((secs - whole) * NS).round() as i64;
+    let ns = (whole as i64)
+        .checked_mul(Nanos::PER_SEC)?
+        .checked_add(fraction)?;
+    let resolution = (secs.abs().next_up() - secs.abs()) * NS;
+    if resolution > 1.0 {
+        let micros = (ns + 500).div_euclid(1000) * 1000;
+        if (micros - ns).abs() as f64 <= resolution / 2.0 {
+            return Some(Nanos(micros));
+        }
+    }
+    Some(Nanos(ns))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seconds_at_epoch_scale_are_converted_as_written() {
+        let cases = [
+            (1795820513.25, 1_795_820_513_250_000_000),
+            (1795820513.000001, 1_795_820_513_000_001_000),
+            (1795820513.0, 1_795_820_513_000_000_000),
+            (0.5, 500_000_000),
+            (1e-9, 1),
+            (-2.5, -2_500_000_000),
+        ];
+        for (secs, ns) in cases {
+            assert_eq!(nanos_of_secs(secs), Some(Nanos(ns)), "{secs}");
+        }
+        // Half a microsecond a double can hold is not rounded away.
+        assert_eq!(nanos_of_secs(1.0000005), Some(Nanos(1_000_000_500)));
+        assert_eq!(nanos_of_secs(1e10), None);
+        assert_eq!(nanos_of_secs(f64::NAN), None);
+        assert_eq!(nanos_of_secs(f64::INFINITY), None);
     }
 }

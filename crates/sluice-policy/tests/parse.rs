@@ -358,6 +358,21 @@ fn fixed_window_forms_and_capacity_default() {
 }
 
 #[test]
+fn a_start_in_fractional_epoch_seconds_is_the_instant_it_says() {
+    for (start, ns) in [
+        ("1795820513.25", 1_795_820_513_250_000_000),
+        ("1795820513.000001", 1_795_820_513_000_001_000),
+        ("1795820513", 1_795_820_513_000_000_000),
+    ] {
+        let config = format!("{{rate: 10, period: 60, start: {start}}}");
+        let Algorithm::FixedWindow(w) = algorithm("fixed_window", &config) else {
+            panic!()
+        };
+        assert_eq!(w.start(), Some(Nanos(ns)), "{start}");
+    }
+}
+
+#[test]
 fn sliding_window_and_sliding_log_forms() {
     let window = |rate, period| SlidingWindow::per_period(rate, period).unwrap();
     assert_eq!(
