@@ -9,18 +9,19 @@
 
 #![allow(clippy::print_stdout, clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
-use std::io::{Read as _, Write as _};
-use std::net::{TcpListener, TcpStream};
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::path::PathBuf;
+use std::process::Command;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use clap::Parser;
+use common::{free_port, ms, pct, start_redis, start_serve};
 
 /// Options; every one has a default that runs in about 20 seconds.
 #[derive(Debug, Parser)]
@@ -68,23 +69,7 @@ struct Phase {
     start: Duration,
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
-}
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn signal(child: &Child, which: &str) -> anyhow::Result<()> {
+fn signal(child: &std::process::Child, which: &str) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args([which, &child.id().to_string()])
         .status()?;
@@ -92,33 +77,6 @@ fn signal(child: &Child, which: &str) -> anyhow::Result<()> {
         bail!("kill {which} failed");
     }
     Ok(())
-}
-
-fn start_redis(port: u16, dir: &Path) -> anyhow::Result<Proc> {
-    let child = Command::new("redis-server")
-        .args(["--port", &port.to_string(), "--bind", "127.0.0.1"])
-        .args(["--save", "", "--appendonly", "no"])
-        .arg("--dir")
-        .arg(dir)
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .context("redis-server must be installed")?;
-    let proc = Proc(child);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while Instant::now() < deadline {
-        if let Ok(mut s) = TcpStream::connect(("127.0.0.1", port)) {
-            let mut buf = [0u8; 7];
-            if s.write_all(b"PING\r\n").is_ok()
-                && s.read_exact(&mut buf).is_ok()
-                && &buf == b"+PONG\r\n"
-            {
-                return Ok(proc);
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    bail!("redis-server did not answer on port {port}")
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -142,43 +100,18 @@ async fn main() -> anyhow::Result<()> {
     let policy_path = dir.path().join("policy.yaml");
     std::fs::write(&policy_path, policy)?;
 
-    let mut servers = Vec::new();
-    let mut bases = Vec::new();
-    for i in 0..args.servers {
-        let (http, grpc) = (free_port(), free_port());
-        let log = std::fs::File::create(dir.path().join(format!("serve-{i}.log")))?;
-        let child = Command::new(&args.sluice)
-            .args(["serve", "--http", &format!("127.0.0.1:{http}")])
-            .args(["--grpc", &format!("127.0.0.1:{grpc}"), "--policy"])
-            .arg(&policy_path)
-            .env("RUST_LOG", "warn")
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .with_context(|| format!("cannot run {}", args.sluice.display()))?;
-        servers.push(Proc(child));
-        bases.push(format!("http://127.0.0.1:{http}"));
-    }
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(2))
         .pool_max_idle_per_host(64)
         .build()?;
-    for base in &bases {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            let ok = client
-                .get(format!("{base}/readyz"))
-                .send()
-                .await
-                .is_ok_and(|r| r.status() == 200);
-            if ok {
-                break;
-            }
-            if Instant::now() > deadline {
-                bail!("{base} did not become ready");
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+    let mut servers = Vec::new();
+    let mut bases = Vec::new();
+    for i in 0..args.servers {
+        let name = format!("serve-{i}");
+        let (server, base) =
+            start_serve(&args.sluice, &policy_path, dir.path(), &name, &client).await?;
+        servers.push(server);
+        bases.push(base);
     }
 
     let start = Instant::now();
@@ -286,18 +219,6 @@ async fn main() -> anyhow::Result<()> {
         std::fs::write(out, &report)?;
     }
     Ok(())
-}
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    if sorted.is_empty() {
-        return Duration::ZERO;
-    }
-    let i = ((sorted.len() - 1) as f64 * p).round() as usize;
-    sorted[i]
-}
-
-fn ms(d: Duration) -> String {
-    format!("{:.1}", d.as_secs_f64() * 1e3)
 }
 
 fn report(
