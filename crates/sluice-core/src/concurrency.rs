@@ -99,18 +99,35 @@ impl Leases {
         let used = self.held_after(gone);
         let live = self.leases.range(gone..);
         let mut left = used + pending;
-        let frees_at = if left + slots <= c.max() {
+        // The slots that must leave for the call to fit, and those that may
+        // stay held. Past every lease only the pending slots are left, which
+        // expire a lease after `at`: if they alone leave no room, no lease's
+        // leaving helps.
+        let need = left + slots - c.max();
+        let keep = c.max() - slots - pending;
+        let frees_at = if need <= 0.0 || keep < 0.0 {
             at
+        } else if keep + 1.0 < need {
+            // The lease sought is the newest whose slots, with the newer
+            // ones', come to more than may stay. Every lease holds a slot
+            // at least, so walking from whichever end is nearer to it
+            // visits at most `keep + 1` or `need` leases, not all of a fat
+            // key's: a call asking for every slot of a full key finds it
+            // at once. Slots are whole, so both walks meet exactly.
+            let mut newer = 0.0;
+            live.clone()
+                .rev()
+                .find(|l| {
+                    newer += l.slots;
+                    newer > keep
+                })
+                .map_or(at, |l| l.t)
         } else {
-            // At most as many leases as the call needs slots: each holds
-            // one at least.
             live.clone()
                 .find(|l| {
                     left -= l.slots;
                     left + slots <= c.max()
                 })
-                // Past every lease, only the pending slots are left: they
-                // expire a lease after `at`.
                 .map_or(at, |l| l.t)
         };
         LogReading {

@@ -426,12 +426,13 @@ proptest! {
     /// A concurrency limit against a brute-force list of leases: every
     /// acquisition, check and release decides as the list says (a call fits
     /// when the slots of the leases not yet expired, its own included, come
-    /// to at most `max`), and the slots held never pass `max`.
+    /// to at most `max`; one that does not waits for the oldest leases that
+    /// must expire), and the slots held never pass `max`.
     #[test]
     fn concurrency_agrees_with_a_brute_force_list_of_leases(
-        max in 1u32..6,
+        max in 1u32..12,
         lease_ms in 1i64..50,
-        steps in prop::collection::vec((0i64..20, 0u8..4, 0u32..7, any::<prop::sample::Index>()), 1..120),
+        steps in prop::collection::vec((0i64..20, 0u8..4, 0u32..13, any::<prop::sample::Index>()), 1..120),
     ) {
         let lease = lease_ms * 1_000_000;
         let c = sluice_core::Concurrency::new(f64::from(max), Nanos(lease)).unwrap();
@@ -455,6 +456,20 @@ proptest! {
                     let d = store.decide_now(op, mode).unwrap();
                     let fits = held(&model) + slots <= f64::from(max);
                     prop_assert_eq!(d.allowed, fits, "t {} slots {}", t, slots);
+                    if !fits {
+                        // The wait: until the oldest leases that must
+                        // expire for the call to fit have expired.
+                        let mut left = held(&model);
+                        let frees = model
+                            .iter()
+                            .filter(|l| l.0 + lease > t)
+                            .find(|l| {
+                                left -= l.1;
+                                left + slots <= f64::from(max)
+                            })
+                            .map(|l| (l.0 + lease - t) as f64 / 1e9);
+                        prop_assert_eq!(d.retry_after, frees, "t {} slots {}", t, slots);
+                    }
                     // What is left after the call, as a check says too.
                     let taken = if fits { slots } else { 0.0 };
                     let left = f64::from(max) - held(&model) - taken;

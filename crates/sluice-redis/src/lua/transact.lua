@@ -308,8 +308,17 @@ local function window_commit(k, l, ws, cur, prev)
   wlim[k] = l
 end
 
+-- A log's and a key's leases are kept as Redis holds them, head and all:
+-- a script pays for every byte of a string it makes (most of it in Lua's
+-- collector), so a call on a fat key makes as few as it can. The head's
+-- numbers live in tables beside the string while a call runs; a string
+-- made without a head here starts with as many bytes of anything, and the
+-- write puts the head back over them (SETRANGE). Record i of a string with
+-- a head of `base` bytes starts at byte base + (i - 1) * size + 1.
+local LOG_HEAD, LEASE_HEAD = 9, 10
+
 -- Sliding logs: lent[k] is nil before the key is decoded, else its entries
--- (16 bytes each), with lused[k] and linex[k] from the header.
+-- (16 bytes each) after a head, with lused[k] and linex[k] the head's.
 local lent, lused, linex = {}, {}, {}
 local function log_of(k, l)
   local e = lent[k]
@@ -317,16 +326,17 @@ local function log_of(k, l)
     local v = blob[k]
     if v and #v >= 25 and (#v - 9) % 16 == 0 then
       lused[k], linex[k] = unpack_s('<dB', v)
-      e = string.sub(v, 10)
+      e = v
     else
-      e, lused[k], linex[k] = '', 0, 0
+      lused[k], linex[k] = 0, 0
+      e = pack_s('<dB', 0, 0)
       local ends = (v or tok[k]) and ghost_end(k)
       if ends then
         -- Log::emptiest: the whole rate, logged a period before the end
         -- (or now, if that is earlier).
         local t = ends - p2[l]
         if t > now then t = now end
-        e, lused[k] = pack_s('<dd', t, p1[l]), p1[l]
+        e, lused[k] = e .. pack_s('<dd', t, p1[l]), p1[l]
       end
     end
     lent[k] = e
@@ -334,35 +344,46 @@ local function log_of(k, l)
   return e, lused[k], linex[k]
 end
 
+-- How many records of `size` bytes e holds after its head.
+local function count(e, size, base)
+  return (#e - base) / size
+end
+
 -- The time of entry i, and its cost.
 local function entry(e, i)
-  return unpack_s('<dd', e, i * 16 - 15)
+  return unpack_s('<dd', e, LOG_HEAD + i * 16 - 15)
 end
 
 -- The time of record i of a log's (size 16) or a key's leases (size 24):
 -- its first double.
-local function time_of(e, i, size)
-  return (unpack_s('<d', e, i * size - size + 1))
+local function time_of(e, i, size, base)
+  return (unpack_s('<d', e, base + i * size - size + 1))
 end
 
 -- The time records are read at: never before the newest one.
-local function read_at(e, size)
-  local n = #e / size
+local function read_at(e, size, base)
+  local n = count(e, size, base)
   if n > 0 then
-    local t = time_of(e, n, size)
+    local t = time_of(e, n, size, base)
     if t > now then return t end
   end
   return now
 end
 
 -- How many records, oldest first, are at or before cutoff.
-local function expired(e, cutoff, size)
-  local lo, hi = 0, #e / size
+local function expired(e, cutoff, size, base)
+  local lo, hi = 0, count(e, size, base)
   while lo < hi do
     local mid = floor((lo + hi) / 2)
-    if time_of(e, mid + 1, size) <= cutoff then lo = mid + 1 else hi = mid end
+    if time_of(e, mid + 1, size, base) <= cutoff then lo = mid + 1 else hi = mid end
   end
   return lo
+end
+
+-- e without its first `gone` records, made in one string: the bytes before
+-- the first record kept stand in for the head (gone * size >= base).
+local function drop_front(e, gone, size)
+  return string.sub(e, gone * size + 1)
 end
 
 -- Formats of m records, made once per call: '<' and fmt m times.
@@ -379,21 +400,20 @@ end
 -- key costs a call into C per this many records, not one per record.
 local SPAN = 256
 
--- Records i..i+m-1 of e, each of fmt (`fields` doubles, `size` bytes), as
--- one flat array.
-local function span(e, i, m, fmt, size)
-  return {unpack_s(format_of(fmt, m), e, i * size - size + 1)}
+-- Records i..i+m-1 of e, each of fmt (`size` bytes), as one flat array.
+local function span(e, i, m, fmt, size, base)
+  return {unpack_s(format_of(fmt, m), e, base + i * size - size + 1)}
 end
 
 -- The sum of the second fields (a log's costs, a key's slots) of records
 -- i..j of e, oldest first from `from` (or subtracted from it, with sign
 -- -1), and whether every step was exact.
-local function sum_span(e, i, j, fmt, fields, size, from, sign)
+local function sum_span(e, i, j, fmt, fields, size, base, from, sign)
   local sum, exact = from, true
   while i <= j do
     local m = j - i + 1
     if m > SPAN then m = SPAN end
-    local r = span(e, i, m, fmt, size)
+    local r = span(e, i, m, fmt, size, base)
     for x = 2, m * fields, fields do
       local d, ok = add_exact(sum, sign * r[x])
       sum, exact = d, exact and ok
@@ -407,11 +427,11 @@ end
 -- second fields of the records up to it, leaves room for cost under max:
 -- its time, or false if none does, and what is left after every record
 -- walked. The walk decodes more at each step, since most end at once.
-local function walk(e, i, n, fmt, fields, size, left, cost, max)
+local function walk(e, i, n, fmt, fields, size, base, left, cost, max)
   local m = 4
   while i <= n do
     if m > n - i + 1 then m = n - i + 1 end
-    local r = span(e, i, m, fmt, size)
+    local r = span(e, i, m, fmt, size, base)
     for x = 1, m * fields, fields do
       left = left - r[x + 1]
       if left + cost <= max then return r[x], left end
@@ -422,25 +442,43 @@ local function walk(e, i, n, fmt, fields, size, left, cost, max)
   return false, left
 end
 
+-- The first record from n down to i (newest first) whose second field,
+-- with those of the records after it, comes to more than keep: its time,
+-- or false if none does (Leases::read's walk from the newest end).
+local function walk_back(e, i, n, fmt, fields, size, base, keep)
+  local m, newer = 4, 0
+  while n >= i do
+    if m > n - i + 1 then m = n - i + 1 end
+    local r = span(e, n - m + 1, m, fmt, size, base)
+    for x = (m - 1) * fields + 1, 1, -fields do
+      newer = newer + r[x + 1]
+      if newer > keep then return r[x] end
+    end
+    n = n - m
+    if m < SPAN then m = m * 2 end
+  end
+  return false
+end
+
 -- The sum of the costs of the entries after the first `live`, and whether
 -- it is exact: Log::sum_from.
 local function sum_from(e, used, inexact, live)
   if live == 0 then return used, inexact == 0 end
-  local n = #e / 16
+  local n = count(e, 16, LOG_HEAD)
   if inexact == 0 and live <= n - live then
-    local u, exact = sum_span(e, 1, live, 'dd', 2, 16, used, -1)
+    local u, exact = sum_span(e, 1, live, 'dd', 2, 16, LOG_HEAD, used, -1)
     if exact then return u, true end
   end
-  return sum_span(e, live + 1, n, 'dd', 2, 16, 0, 1)
+  return sum_span(e, live + 1, n, 'dd', 2, 16, LOG_HEAD, 0, 1)
 end
 
 -- Log::read: the reading of key k's log for a call of cost after pending,
 -- as at, used, newest (false if none), frees_at.
 local function log_read(k, l, pending, cost)
   local e, used, inexact = log_of(k, l)
-  local at = read_at(e, 16)
-  local n = #e / 16
-  local live = expired(e, at - p2[l], 16)
+  local at = read_at(e, 16, LOG_HEAD)
+  local n = count(e, 16, LOG_HEAD)
+  local live = expired(e, at - p2[l], 16, LOG_HEAD)
   local u = sum_from(e, used, inexact, live)
   local with = u
   if pending > 0 then with = u + pending end
@@ -448,7 +486,7 @@ local function log_read(k, l, pending, cost)
   if live < n then newest = entry(e, n) end
   local frees = at
   if not (with + cost <= p1[l]) then
-    local found, left = walk(e, live + 1, n, 'dd', 2, 16, with, cost, p1[l])
+    local found, left = walk(e, live + 1, n, 'dd', 2, 16, LOG_HEAD, with, cost, p1[l])
     if not found and pending > 0 then
       left = left - pending
       if left + cost <= p1[l] then found = at end
@@ -462,22 +500,22 @@ end
 -- after dropping the entries that have left.
 local function log_commit(k, l, cost)
   local e, used, inexact = log_of(k, l)
-  local at = read_at(e, 16)
-  local gone = expired(e, at - p2[l], 16)
+  local at = read_at(e, 16, LOG_HEAD)
+  local gone = expired(e, at - p2[l], 16, LOG_HEAD)
   if gone > 0 then
     local u, exact = sum_from(e, used, inexact, gone)
-    e, used = string.sub(e, gone * 16 + 1), u
+    e, used = drop_front(e, gone, 16), u
     if exact then inexact = 0 else inexact = 1 end
   end
   if cost > 0 then
-    local n = #e / 16
+    local n = count(e, 16, LOG_HEAD)
     local merged, fine = false, true
     if n > 0 then
       local t, c = entry(e, n)
       if t == at or n >= p3[l] then
         local d
         d, fine = add_exact(c, cost)
-        e = string.sub(e, 1, n * 16 - 16) .. pack_s('<dd', at, d)
+        e = string.sub(e, 1, #e - 16) .. pack_s('<dd', at, d)
         merged = true
       end
     end
@@ -607,10 +645,10 @@ use_rare = function()
   -- after dropping the entries that have left, and sums what is left afresh.
   local function log_refund(k, l, cost)
     local e = log_of(k, l)
-    local at = read_at(e, 16)
-    local gone = expired(e, at - p2[l], 16)
-    if gone > 0 then e = string.sub(e, gone * 16 + 1) end
-    local cut, tail, left = #e / 16, '', cost
+    local at = read_at(e, 16, LOG_HEAD)
+    local gone = expired(e, at - p2[l], 16, LOG_HEAD)
+    if gone > 0 then e = drop_front(e, gone, 16) end
+    local cut, tail, left = count(e, 16, LOG_HEAD), '', cost
     while left > 0 and cut > 0 do
       local t, c = entry(e, cut)
       if c <= left then
@@ -621,15 +659,16 @@ use_rare = function()
       end
       cut = cut - 1
     end
-    e = string.sub(e, 1, cut * 16) .. tail
-    local sum, exact = sum_span(e, 1, #e / 16, 'dd', 2, 16, 0, 1)
+    e = string.sub(e, 1, LOG_HEAD + cut * 16) .. tail
+    local n = count(e, 16, LOG_HEAD)
+    local sum, exact = sum_span(e, 1, n, 'dd', 2, 16, LOG_HEAD, 0, 1)
     lent[k], lused[k] = e, sum
     if exact then linex[k] = 0 else linex[k] = 1 end
     wlim[k] = l
   end
 
   -- Concurrency: lsent[k] is nil before the key is decoded, else its
-  -- leases (24 bytes each), and lsheld[k] the slots they hold
+  -- leases (24 bytes each) after a head, and lsheld[k] the slots they hold
   -- (Leases::held), kept beside them so that no call adds up every lease.
   local lsent, lsheld = {}, {}
   local function leases_of(k, l)
@@ -640,19 +679,20 @@ use_rare = function()
       local b1, b2 = string.byte(v or '', 1, 2)
       if b1 == 5 and b2 == 6 and #v >= 34 and (#v - 10) % 24 == 0 then
         held = unpack_s('<d', v, 3)
-        e = string.sub(v, 11)
+        e = v
       elseif b1 == 5 and b2 == 5 and #v >= 26 and (#v - 2) % 24 == 0 then
-        -- Written before the sum was kept: summed once, then kept.
-        e = string.sub(v, 3)
-        held = sum_span(e, 1, #e / 24, 'ddd', 3, 24, 0, 1)
+        -- Written before the sum was kept: summed once, then kept, with
+        -- the head this version writes.
+        e = rep('\0', LEASE_HEAD - 2) .. v
+        held = sum_span(e, 1, count(e, 24, LEASE_HEAD), 'ddd', 3, 24, LEASE_HEAD, 0, 1)
       else
-        e = ''
+        e = rep('\0', LEASE_HEAD)
         local ends = (v or tok[k]) and ghost_end(k)
         if ends then
           -- Leases::emptiest: every slot, under a lease no id releases.
           local t = ends - p2[l]
           if t > now then t = now end
-          e, held = pack_s('<ddd', t, p1[l], 0), p1[l]
+          e, held = e .. pack_s('<ddd', t, p1[l], 0), p1[l]
         end
       end
       lsent[k], lsheld[k] = e, held
@@ -662,34 +702,39 @@ use_rare = function()
 
   -- Lease i: taken at, slots, id.
   local function lease(e, i)
-    return unpack_s('<ddd', e, i * 24 - 23)
+    return unpack_s('<ddd', e, LEASE_HEAD + i * 24 - 23)
   end
 
   -- Leases::held_after: the slots of the leases after the first `gone`,
   -- from whichever side has fewer to add up.
   local function held_after(e, held, gone)
     if gone == 0 then return held end
-    local n = #e / 24
+    local n = count(e, 24, LEASE_HEAD)
     if gone <= n - gone then
-      return held - (sum_span(e, 1, gone, 'ddd', 3, 24, 0, 1))
+      return held - (sum_span(e, 1, gone, 'ddd', 3, 24, LEASE_HEAD, 0, 1))
     end
-    return (sum_span(e, gone + 1, n, 'ddd', 3, 24, 0, 1))
+    return (sum_span(e, gone + 1, n, 'ddd', 3, 24, LEASE_HEAD, 0, 1))
   end
 
   -- Leases::read: the reading of key k for a call of cost after pending,
   -- as at, used, newest (false if none), frees_at.
   local function lease_read(k, l, pending, cost)
     local e, held = leases_of(k, l)
-    local at = read_at(e, 24)
-    local n = #e / 24
-    local live = expired(e, at - p2[l], 24)
+    local at = read_at(e, 24, LEASE_HEAD)
+    local n = count(e, 24, LEASE_HEAD)
+    local live = expired(e, at - p2[l], 24, LEASE_HEAD)
     local used = held_after(e, held, live)
     local newest = false
-    if live < n then newest = time_of(e, n, 24) end
+    if live < n then newest = time_of(e, n, 24, LEASE_HEAD) end
     local left = used + pending
+    local need, keep = left + cost - p1[l], p1[l] - cost - pending
     local frees = at
-    if not (left + cost <= p1[l]) then
-      frees = walk(e, live + 1, n, 'ddd', 3, 24, left, cost, p1[l]) or at
+    if need <= 0 or keep < 0 then
+      frees = at
+    elseif keep + 1 < need then
+      frees = walk_back(e, live + 1, n, 'ddd', 3, 24, LEASE_HEAD, keep) or at
+    else
+      frees = walk(e, live + 1, n, 'ddd', 3, 24, LEASE_HEAD, left, cost, p1[l]) or at
     end
     return at, used, newest, frees
   end
@@ -699,11 +744,11 @@ use_rare = function()
   -- held).
   local function lease_live(k, l)
     local e, held = leases_of(k, l)
-    local at = read_at(e, 24)
-    local gone = expired(e, at - p2[l], 24)
+    local at = read_at(e, 24, LEASE_HEAD)
+    local gone = expired(e, at - p2[l], 24, LEASE_HEAD)
     if gone > 0 then
       held = held_after(e, held, gone)
-      e = string.sub(e, gone * 24 + 1)
+      e = drop_front(e, gone, 24)
     end
     wlim[k] = l
     return e, held, at
@@ -719,16 +764,17 @@ use_rare = function()
   local function lease_release(k, l, id)
     local e, held = lease_live(k, l)
     -- The id's bytes, found by a search in C; a match inside another
-    -- field of a lease is skipped. Ids are whole numbers below 2^53, so
-    -- equal ids are equal bytes.
-    local needle, from = pack_s('<d', id), 1
+    -- field of a lease, or in the head, is skipped. Ids are whole numbers
+    -- below 2^53, so equal ids are equal bytes.
+    local needle, from = pack_s('<d', id), LEASE_HEAD + 1
     while true do
       local pos = string.find(e, needle, from, true)
       if not pos then break end
-      if pos % 24 == 17 then
-        local i = (pos + 7) / 24
+      if (pos - LEASE_HEAD) % 24 == 17 then
+        local i = (pos - LEASE_HEAD + 7) / 24
         local _, slots = lease(e, i)
-        lsent[k] = string.sub(e, 1, i * 24 - 24) .. string.sub(e, i * 24 + 1)
+        local at = LEASE_HEAD + i * 24
+        lsent[k] = string.sub(e, 1, at - 24) .. string.sub(e, at + 1)
         lsheld[k] = held - slots
         return true
       end
@@ -996,7 +1042,7 @@ for k = 1, nkeys do
   local l = wlim[k]
   local sliding = l and kind[l] >= 3
   if sliding then
-    local value, empty_at
+    local value, head, empty_at
     if kind[l] == 3 then
       if wgot[k] then
         local n = 0
@@ -1006,16 +1052,24 @@ for k = 1, nkeys do
       end
     elseif kind[l] == 5 then
       local e = rare.lsent[k]
-      if #e > 0 then
-        value = '\5\6' .. pack_s('<d', rare.lsheld[k]) .. e
-        empty_at = rare.lease(e, #e / 24) + p2[l]
+      local n = count(e, 24, LEASE_HEAD)
+      if n > 0 then
+        value, head = e, '\5\6' .. pack_s('<d', rare.lsheld[k])
+        empty_at = rare.lease(e, n) + p2[l]
       end
-    elseif #lent[k] > 0 then
-      value = pack_s('<dB', lused[k], linex[k]) .. lent[k]
-      empty_at = entry(lent[k], #lent[k] / 16) + p2[l]
+    else
+      local e = lent[k]
+      local n = count(e, 16, LOG_HEAD)
+      if n > 0 then
+        value, head = e, pack_s('<dB', lused[k], linex[k])
+        empty_at = entry(e, n) + p2[l]
+      end
     end
     if value then
+      -- A log's or leases' string as the call left it, and its head over
+      -- the first bytes: Redis copies the one, and the other is a few.
       call('SET', keys[k], value, 'PX', px(empty_at))
+      if head then call('SETRANGE', keys[k], 0, head) end
     else
       ndels = ndels + 1
       dels[ndels] = keys[k]
