@@ -274,6 +274,9 @@ async fn main() -> anyhow::Result<()> {
                 seen_b.add(h.await?);
             }
             let script = redis_command(redis_port, &["INFO", "commandstats"])?;
+            if std::env::var_os("FAT_KEY_COMMANDSTATS").is_some() {
+                eprintln!("{}:\n{script}", load.name());
+            }
             rows.push(Row {
                 round: round + 1,
                 load,
