@@ -78,7 +78,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         Some(file) => Loaded::read(&file.path)?,
         None => Loaded::fixed(Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?),
     };
-    crate::server::runtime(&args.threads)?.block_on(async move {
+    crate::server::block_on(&args.threads, async move {
         let (enforcer, reloads) = loaded.enforce(&args.store)?;
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());
@@ -112,7 +112,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             serve_grpc(grpc, state, args.body_timeout, stop.stopped()),
         )
         .map(|_| ())
-    })
+    })?
 }
 
 /// Serves the API on `listener` until `stop` completes, then lets requests
