@@ -116,9 +116,10 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .with_body_timeout(args.body_timeout);
     let loaded = Loaded::read(&args.policy.path)?;
     crate::server::block_on(&args.threads, async move {
-        let (enforcer, reloads) = loaded.enforce(&args.store)?;
+        let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);
+        crate::server::report_first_answer(&enforcer, store);
         let status = Arc::new(admin::Admin {
             // Sampled only when there is a listener to show it on.
             dashboard: args

@@ -12,6 +12,7 @@ mod store;
 
 pub use metrics::Metrics;
 pub use store::AnyStore;
+pub(crate) use store::report_first_answer;
 
 pub(crate) use endpoints::{holds_admin_token, metrics_page, problem, readiness, ready};
 pub(crate) use logs::init_logs;

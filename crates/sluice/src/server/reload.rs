@@ -11,18 +11,24 @@ use sluice_core::Store;
 use sluice_engine::Enforcer;
 use sluice_policy::{Policy, PolicyError, StoreConfig};
 
-use super::store::AnyStore;
+use super::store::{AnyStore, Choice};
 use crate::flags::StoreFlag;
 
 /// How often the policy file is looked at for changes.
 const WATCH_EVERY: Duration = Duration::from_secs(1);
 
-/// The policy a server starts with, and the file it came from, if any.
+/// The policy a server starts with, and where it came from.
 pub(crate) struct Loaded {
     policy: Policy,
+    source: Source,
+}
+
+enum Source {
     /// The file and the text it held, which the watch compares new reads
     /// with.
-    file: Option<(PathBuf, String)>,
+    File(PathBuf, String),
+    /// No file, and what the log calls the policy.
+    Fixed(&'static str),
 }
 
 impl Loaded {
@@ -34,26 +40,50 @@ impl Loaded {
         log_warnings(&policy);
         Ok(Loaded {
             policy,
-            file: Some((path.to_owned(), text)),
+            source: Source::File(path.to_owned(), text),
         })
     }
 
-    /// A policy with no file behind it, which never reloads.
-    pub(crate) fn fixed(policy: Policy) -> Loaded {
-        Loaded { policy, file: None }
+    /// A policy with no file behind it, which never reloads; the log calls
+    /// it `what`.
+    pub(crate) fn fixed(policy: Policy, what: &'static str) -> Loaded {
+        Loaded {
+            policy,
+            source: Source::Fixed(what),
+        }
     }
 
     /// Opens the store that `store` or the policy names and puts the policy
-    /// in force over it.
+    /// in force over it. The log says which policy and which store, so
+    /// that no one has to guess what a server runs; the store's name is
+    /// returned for [`report_first_answer`](super::store::report_first_answer).
     pub(crate) fn enforce(
         self,
         store: &StoreFlag,
-    ) -> anyhow::Result<(Enforcer<AnyStore>, Reloads)> {
-        let Loaded { policy, file } = self;
-        let opened = AnyStore::open(store.choice.as_deref(), policy.store())?;
+    ) -> anyhow::Result<(Enforcer<AnyStore>, Reloads, String)> {
+        let Loaded { policy, source } = self;
+        let (limits, rules) = (policy.limits().len(), policy.rules().len());
+        let file = match source {
+            Source::File(path, text) => {
+                tracing::info!(file = %path.display(), limits, rules, "the policy in force");
+                Some((path, text))
+            }
+            Source::Fixed(what) => {
+                tracing::info!(file = what, limits, rules, "the policy in force");
+                None
+            }
+        };
+        let choice = Choice::of(store.choice.as_deref(), policy.store())?;
+        let name = choice.to_string();
+        tracing::info!(store = %name, "the store in use");
+        let opened = AnyStore::open_choice(&choice)?;
         // What a reloaded policy's `store` is compared with.
         let running = store.choice.is_none().then(|| policy.store().clone());
-        Ok((Enforcer::new(policy, opened), Reloads { file, running }))
+        Ok((
+            Enforcer::new(policy, opened),
+            Reloads { file, running },
+            name,
+        ))
     }
 }
 
