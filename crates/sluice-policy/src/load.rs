@@ -25,7 +25,10 @@ impl Policy {
     /// ```
     /// use sluice_policy::Policy;
     /// let err = Policy::read("/dev/zero".as_ref()).unwrap_err();
-    /// assert_eq!(err.to_string(), "/dev/zero: cannot read the policy file: not a regular file");
+    /// assert_eq!(
+    ///     err.to_string(),
+    ///     "/dev/zero: cannot read the policy file: a character device, not a regular file"
+    /// );
     /// ```
     pub fn read(path: &Path) -> Result<String, PolicyError> {
         crate::files::read_text_capped(path, crate::files::MAX_POLICY_BYTES).map_err(|e| {

@@ -198,8 +198,15 @@ impl RedisConfig {
     }
 }
 
-/// The URL with the password, if any, replaced by `***`, for error messages.
-fn mask_password(url: &str) -> String {
+/// The URL with the password, if any, replaced by `***`, for error messages
+/// and logs.
+///
+/// ```
+/// use sluice_redis::mask_password;
+/// assert_eq!(mask_password("redis://u:hunter2@h:6379/1"), "redis://u:***@h:6379/1");
+/// assert_eq!(mask_password("redis://h:6379"), "redis://h:6379");
+/// ```
+pub fn mask_password(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else {
         return url.to_owned();
     };

@@ -84,18 +84,18 @@ pub(crate) const OTHER_FDS: usize = 256;
 /// The connection flags `serve` and `proxy` share.
 #[derive(Debug, Clone, PartialEq, Eq, Args)]
 pub struct Limits {
-    /// The most connections each listener keeps open. A connection that
-    /// arrives when as many are open closes the one whose client has sent
-    /// nothing for longest, so that stalled clients cannot lock out new
-    /// ones. Lowered at start, with a warning, to what the file descriptor
-    /// limit can hold.
+    /// The most connections each listener keeps open [default: 10000]. A
+    /// connection that arrives when as many are open closes the one whose
+    /// client has sent nothing for longest, so that stalled clients cannot
+    /// lock out new ones. Lowered at start to what the limit on open files
+    /// can hold; with a warning when the value was given.
     #[arg(
         long,
         env = "SLUICE_MAX_CONNECTIONS",
-        default_value_t = DEFAULT_MAX_CONNECTIONS,
+        value_name = "N",
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..),
     )]
-    pub max_connections: usize,
+    pub max_connections: Option<usize>,
     /// On SIGTERM, how long requests in flight may take to finish, e.g.
     /// `10s`; then every connection is closed and the process exits.
     #[arg(
@@ -110,13 +110,26 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Limits {
         Limits {
-            max_connections: DEFAULT_MAX_CONNECTIONS,
+            max_connections: None,
             shutdown_timeout: DEFAULT_SHUTDOWN_TIMEOUT,
         }
     }
 }
 
 impl Limits {
+    /// The cap on each listener's connections: the one given, or
+    /// [`DEFAULT_MAX_CONNECTIONS`].
+    ///
+    /// ```
+    /// use sluice::listen::{DEFAULT_MAX_CONNECTIONS, Limits};
+    /// assert_eq!(Limits::default().max_connections(), DEFAULT_MAX_CONNECTIONS);
+    /// let given = Limits { max_connections: Some(64), ..Limits::default() };
+    /// assert_eq!(given.max_connections(), 64);
+    /// ```
+    pub fn max_connections(&self) -> usize {
+        self.max_connections.unwrap_or(DEFAULT_MAX_CONNECTIONS)
+    }
+
     /// Raises the process's soft limit on open files to its hard limit, as
     /// a server that holds thousands of sockets needs, then lowers
     /// `max_connections` until every listener at its cap fits: each
@@ -131,14 +144,27 @@ impl Limits {
             }
         };
         let fits = connections_that_fit(limit, fds_per_connection, reserved);
-        if fits < self.max_connections {
-            tracing::warn!(
-                asked = self.max_connections,
-                allowed = fits,
-                open_files = limit,
-                "lowering --max-connections to what the limit on open files holds"
-            );
-            self.max_connections = fits;
+        let cap = self.max_connections();
+        if fits < cap {
+            // Fitting the default to the machine is routine; falling short
+            // of a value someone chose deserves their attention.
+            if self.max_connections.is_some() {
+                tracing::warn!(
+                    asked = cap,
+                    allowed = fits,
+                    open_files = limit,
+                    "lowering --max-connections to what the limit on open files holds"
+                );
+            } else {
+                tracing::info!(
+                    default = cap,
+                    allowed = fits,
+                    open_files = limit,
+                    "lowering --max-connections from its default to what the limit on open \
+                     files holds"
+                );
+            }
+            self.max_connections = Some(fits);
         }
     }
 }
@@ -182,7 +208,7 @@ impl Listener {
         Listener {
             tcp,
             drain: Drain {
-                connections: Connections::new(name, limits.max_connections),
+                connections: Connections::new(name, limits.max_connections()),
                 within: limits.shutdown_timeout,
             },
         }

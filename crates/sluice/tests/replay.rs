@@ -798,6 +798,55 @@ fn bad_events_are_reported_with_their_line() {
     );
 }
 
+/// `/dev/zero` is a line without end. The replay must refuse it once the
+/// line passes the bound, naming the file and the line, and its memory must
+/// stay near that bound meanwhile: it is read from `/proc` while the
+/// process runs, and the process is killed if it passes 64 MiB (an
+/// unbounded read passed 3 GB in fifteen seconds).
+#[cfg(target_os = "linux")]
+#[test]
+fn an_endless_line_is_refused_at_the_bound_with_bounded_memory() {
+    use std::time::{Duration, Instant};
+    const MOST_RSS_KIB: u64 = 64 << 10;
+
+    let dir = Dir::new();
+    let p = dir.file("p.yaml", PER_IP);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_sluice"))
+        .args(["replay", "-q", "-p", path(&p), "-e", "/dev/zero"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let status_file = format!("/proc/{}/status", child.id());
+    let started = Instant::now();
+    let mut most = 0;
+    while child.try_wait().unwrap().is_none() {
+        let high_water = std::fs::read_to_string(&status_file)
+            .ok()
+            .and_then(|s| {
+                let line = s.lines().find(|l| l.starts_with("VmHWM:"))?.to_owned();
+                line.split_whitespace().nth(1)?.parse::<u64>().ok()
+            })
+            .unwrap_or(0);
+        most = most.max(high_water);
+        if most > MOST_RSS_KIB || started.elapsed() > Duration::from_secs(30) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the replay held {most} KiB after {:?}", started.elapsed());
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let out = child.wait_with_output().unwrap();
+    fails_with(
+        &out,
+        &["/dev/zero:1: the line is longer than 1048576 bytes"],
+    );
+    eprintln!(
+        "refused after {:?}, at most {most} KiB seen",
+        started.elapsed()
+    );
+}
+
 /// A policy that is legal but likely wrong still validates, with a warning
 /// per doubtful value at its file, line and column.
 #[test]

@@ -115,10 +115,11 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
     let loaded = Loaded::read(&args.policy.path)?;
-    crate::server::runtime(&args.threads)?.block_on(async move {
-        let (enforcer, reloads) = loaded.enforce(&args.store)?;
+    crate::server::block_on(&args.threads, async move {
+        let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);
+        crate::server::report_first_answer(&enforcer, store);
         let status = Arc::new(admin::Admin {
             // Sampled only when there is a listener to show it on.
             dashboard: args
@@ -175,7 +176,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             }
         }
         Ok(())
-    })
+    })?
 }
 
 /// Proxies connections accepted on `listener` to `upstream`, applying the

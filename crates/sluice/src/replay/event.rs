@@ -2,12 +2,75 @@
 //! named limit.
 
 use std::collections::BTreeMap;
+use std::io::{BufRead, Read};
 use std::net::IpAddr;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
 use sluice_core::Settle;
 use sluice_policy::RequestParts;
+
+/// The longest line one event may take, in bytes: a thousand times a
+/// request with a few hundred bytes of headers, and small enough that input
+/// with no line ends (`/dev/zero`, a binary file, a stream cut without
+/// newlines) is refused after a mebibyte instead of read into memory whole.
+pub(crate) const MAX_EVENT_LINE_BYTES: usize = 1 << 20;
+
+/// The lines of an events file or stream, read one at a time into one
+/// buffer, which never holds more than [`MAX_EVENT_LINE_BYTES`] and a byte
+/// (its capacity at most twice that), whatever the input.
+pub(crate) struct EventLines<R> {
+    input: R,
+    /// The file's name, for errors.
+    name: String,
+    line: Vec<u8>,
+    number: usize,
+}
+
+impl<R: BufRead> EventLines<R> {
+    /// Lines of `input`; `name` names it in errors.
+    pub(crate) fn new(input: R, name: &str) -> EventLines<R> {
+        EventLines {
+            input,
+            name: name.to_owned(),
+            line: Vec::new(),
+            number: 0,
+        }
+    }
+
+    /// The next line, without its line ending (`\n` or `\r\n`), and its
+    /// number, from 1; `None` at the end of the input. An error names the
+    /// file and the line.
+    pub(crate) fn next_line(&mut self) -> anyhow::Result<Option<(usize, &str)>> {
+        self.line.clear();
+        self.number += 1;
+        let (name, n) = (&self.name, self.number);
+        // One byte past the bound tells a line at the bound from a longer
+        // one without reading the rest of it.
+        let most = MAX_EVENT_LINE_BYTES as u64 + 1;
+        let read = (&mut self.input)
+            .take(most)
+            .read_until(b'\n', &mut self.line)
+            .with_context(|| format!("{name}:{n}: cannot read"))?;
+        if read == 0 {
+            return Ok(None);
+        }
+        if self.line.last() == Some(&b'\n') {
+            self.line.pop();
+            if self.line.last() == Some(&b'\r') {
+                self.line.pop();
+            }
+        } else if self.line.len() > MAX_EVENT_LINE_BYTES {
+            bail!(
+                "{name}:{n}: the line is longer than {MAX_EVENT_LINE_BYTES} bytes, the most \
+                 an event may take (is this a file of JSON lines?)"
+            );
+        }
+        let text = std::str::from_utf8(&self.line)
+            .map_err(|e| anyhow::anyhow!("{name}:{n}: not UTF-8 text: {e}"))?;
+        Ok(Some((n, text)))
+    }
+}
 
 /// The fields of both kinds of event; which ones are present says which
 /// kind it is.
@@ -210,6 +273,61 @@ pub(crate) fn parse(line: &str) -> anyhow::Result<(serde_json::Number, Event)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn lines_end_at_a_newline_with_or_without_a_carriage_return() {
+        let input = "{\"t\": 1}\r\n\n{\"t\": 2}".as_bytes();
+        let mut lines = EventLines::new(input, "e.jsonl");
+        assert_eq!(lines.next_line().unwrap(), Some((1, "{\"t\": 1}")));
+        assert_eq!(lines.next_line().unwrap(), Some((2, "")));
+        assert_eq!(lines.next_line().unwrap(), Some((3, "{\"t\": 2}")));
+        assert_eq!(lines.next_line().unwrap(), None);
+        let err = EventLines::new(&b"\xff\n"[..], "e.jsonl")
+            .next_line()
+            .unwrap_err();
+        assert!(err.to_string().starts_with("e.jsonl:1: not UTF-8"), "{err}");
+    }
+
+    #[test]
+    fn a_line_at_the_bound_is_read_and_one_byte_more_is_refused() {
+        let at_bound = format!("{}\n{}", " ".repeat(MAX_EVENT_LINE_BYTES), "x");
+        let mut lines = EventLines::new(at_bound.as_bytes(), "e.jsonl");
+        let (n, line) = lines.next_line().unwrap().unwrap();
+        assert_eq!((n, line.len()), (1, MAX_EVENT_LINE_BYTES));
+        assert_eq!(lines.next_line().unwrap(), Some((2, "x")));
+        let over = format!("{{}}\n{}\n", " ".repeat(MAX_EVENT_LINE_BYTES + 1));
+        let mut lines = EventLines::new(over.as_bytes(), "e.jsonl");
+        assert_eq!(lines.next_line().unwrap(), Some((1, "{}")));
+        let err = lines.next_line().unwrap_err().to_string();
+        assert!(
+            err.starts_with("e.jsonl:2: the line is longer than 1048576 bytes"),
+            "{err}"
+        );
+    }
+
+    /// Zeros without end, as `/dev/zero` gives, and a line of 100 MB: each
+    /// is refused once the bound is passed, having held no more than it.
+    #[test]
+    fn endless_input_without_line_ends_is_refused_within_the_bound() {
+        let zeros = std::io::BufReader::new(std::io::repeat(0));
+        let huge =
+            std::io::BufReader::new(std::io::repeat(b'a').take(100_000_000).chain(&b"\n"[..]));
+        let inputs: [(&str, Box<dyn BufRead>); 2] =
+            [("zeros", Box::new(zeros)), ("huge", Box::new(huge))];
+        for (name, input) in inputs {
+            let mut lines = EventLines::new(input, name);
+            let err = lines.next_line().unwrap_err().to_string();
+            assert!(
+                err.starts_with(&format!("{name}:1: the line is longer than")),
+                "{err}"
+            );
+            let held = lines.line.capacity();
+            assert!(
+                held <= 2 * (MAX_EVENT_LINE_BYTES + 1),
+                "{name}: {held} bytes held"
+            );
+        }
+    }
 
     #[test]
     fn requests_and_calls_are_told_apart() {

@@ -24,7 +24,7 @@ use clap::Args;
 use sluice_policy::Policy;
 
 use crate::flags::PolicyFile;
-use event::Event;
+use event::{Event, EventLines};
 use line::Line;
 use sluice_core::Store;
 
@@ -112,14 +112,13 @@ async fn replay<S: Store + 'static>(
 ) -> anyhow::Result<()> {
     let mut last_t = f64::NEG_INFINITY;
     let mut count = 0u64;
-    for (i, line) in input.lines().enumerate() {
-        let n = i + 1;
-        let line = line.with_context(|| format!("{events_name}:{n}: cannot read"))?;
+    let mut lines = EventLines::new(input, events_name);
+    while let Some((n, line)) = lines.next_line()? {
         if line.trim().is_empty() {
             continue;
         }
         let (t_raw, event) =
-            event::parse(&line).with_context(|| format!("{events_name}:{n}: bad event"))?;
+            event::parse(line).with_context(|| format!("{events_name}:{n}: bad event"))?;
         let t = t_raw.as_f64().unwrap_or(f64::NAN);
         if t < last_t {
             anyhow::bail!(

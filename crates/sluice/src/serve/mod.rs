@@ -76,11 +76,15 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
     let loaded = match &args.policy {
         Some(file) => Loaded::read(&file.path)?,
-        None => Loaded::fixed(Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?),
+        None => Loaded::fixed(
+            Policy::from_str(EXAMPLE_POLICY, "examples/policy.yaml")?,
+            "the bundled example (examples/policy.yaml); --policy serves another",
+        ),
     };
-    crate::server::runtime(&args.threads)?.block_on(async move {
-        let (enforcer, reloads) = loaded.enforce(&args.store)?;
+    crate::server::block_on(&args.threads, async move {
+        let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
+        crate::server::report_first_answer(&enforcer, store);
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());
         let state = Arc::new(AppState {
             dashboard: Some(Dashboard::start(&enforcer, policy_file)),
@@ -112,7 +116,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             serve_grpc(grpc, state, args.body_timeout, stop.stopped()),
         )
         .map(|_| ())
-    })
+    })?
 }
 
 /// Serves the API on `listener` until `stop` completes, then lets requests

@@ -12,6 +12,7 @@ mod store;
 
 pub use metrics::Metrics;
 pub use store::AnyStore;
+pub(crate) use store::report_first_answer;
 
 pub(crate) use endpoints::{holds_admin_token, metrics_page, problem, readiness, ready};
 pub(crate) use logs::init_logs;
@@ -36,6 +37,20 @@ pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio:
         b
     };
     builder.enable_all().build()
+}
+
+/// Runs `server` to its end on a [`runtime`] of `threads`, then stops the
+/// runtime without waiting for its blocking pool: a read still under way
+/// there (of a policy file on a disk that hangs, say) must not keep a
+/// stopped server from exiting within its shutdown timeout.
+pub(crate) fn block_on<T>(
+    threads: &crate::flags::Threads,
+    server: impl Future<Output = T>,
+) -> std::io::Result<T> {
+    let runtime = runtime(threads)?;
+    let done = runtime.block_on(server);
+    runtime.shutdown_background();
+    Ok(done)
 }
 
 /// Publishes `sluice_runtime_workers{scheduler}`: how many threads run the
@@ -72,6 +87,33 @@ mod tests {
         assert_eq!(
             rt.block_on(async { tokio::spawn(async { 7 }).await.unwrap() }),
             7
+        );
+    }
+
+    /// A blocking task that never ends, such as a read stuck on a disk,
+    /// must not keep the server's end waiting: the runtime is left to it.
+    #[test]
+    fn a_server_ends_while_a_blocking_task_still_runs() {
+        let (ended, end) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Kept until after the server's end, so the task runs past it.
+            let (_hold, stuck) = std::sync::mpsc::channel::<()>();
+            let done = super::block_on(&Threads { count: Some(1) }, async move {
+                let (started, running) = tokio::sync::oneshot::channel();
+                tokio::task::spawn_blocking(move || {
+                    let _ = started.send(());
+                    let _ = stuck.recv();
+                });
+                running.await.unwrap();
+                7
+            });
+            let _ = ended.send(done.unwrap());
+        });
+        let waited = end.recv_timeout(std::time::Duration::from_secs(10));
+        assert_eq!(
+            waited,
+            Ok(7),
+            "the server's end waited for the blocking task"
         );
     }
 

@@ -1,9 +1,14 @@
 //! The store a server runs on, chosen at start-up: in memory or Redis.
 
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
 use sluice_core::{
     Clock, Decision, Limit, MemoryStore, Mode, Op, Outcome, Settle, Store, StoreError, SystemClock,
     Value,
 };
+use sluice_engine::Enforcer;
 use sluice_policy::StoreConfig;
 use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 
@@ -16,34 +21,117 @@ pub enum AnyStore<C = SystemClock> {
     Redis(RedisStore),
 }
 
+/// The store that `--store` (when given) or the policy names, before it is
+/// opened; shown as the log names it, a Redis URL with its password masked.
+pub(crate) struct Choice<'a> {
+    kind: Kind<'a>,
+    /// Chosen by `--store` (or `SLUICE_STORE`) over the policy.
+    by_flag: bool,
+}
+
+enum Kind<'a> {
+    Memory(Option<usize>),
+    Redis(&'a str, Option<Duration>),
+}
+
+impl<'a> Choice<'a> {
+    /// What `flag`, when given, or else `policy` chooses.
+    pub(crate) fn of(flag: Option<&'a str>, policy: &'a StoreConfig) -> anyhow::Result<Self> {
+        let kind = match flag {
+            Some("memory") => Kind::Memory(None),
+            Some(url) => Kind::Redis(url, None),
+            None => match policy {
+                StoreConfig::Memory { max_keys } => Kind::Memory(*max_keys),
+                StoreConfig::Redis { url, timeout } => Kind::Redis(url, *timeout),
+                _ => anyhow::bail!("the policy names a store this build cannot open"),
+            },
+        };
+        Ok(Choice {
+            kind,
+            by_flag: flag.is_some(),
+        })
+    }
+}
+
+impl fmt::Display for Choice<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self.kind {
+            Kind::Memory(None) => f.write_str("memory")?,
+            Kind::Memory(Some(max)) => write!(f, "memory, at most {max} keys")?,
+            Kind::Redis(url, _) => f.write_str(&sluice_redis::mask_password(url))?,
+        }
+        if self.by_flag {
+            f.write_str(" (from --store)")?;
+        }
+        Ok(())
+    }
+}
+
 impl AnyStore<SystemClock> {
     /// Opens the store that `--store` (when given) or the policy names.
     /// A Redis store opens even while Redis is down; `/readyz` says so.
     pub fn open(flag: Option<&str>, policy: &StoreConfig) -> anyhow::Result<Self> {
-        let memory = |max: Option<usize>| {
-            let store = MemoryStore::new();
-            AnyStore::Memory(match max {
-                Some(m) => store.with_max_keys(m),
-                None => store,
-            })
-        };
-        let redis = |url: &str, timeout| -> anyhow::Result<Self> {
-            let mut config = RedisConfig::from_url(url)?;
-            if let Some(t) = timeout {
-                config = config.with_timeout(t);
+        Self::open_choice(&Choice::of(flag, policy)?)
+    }
+
+    /// Opens the store `choice` names.
+    pub(crate) fn open_choice(choice: &Choice<'_>) -> anyhow::Result<Self> {
+        match choice.kind {
+            Kind::Memory(max) => {
+                let store = MemoryStore::new();
+                Ok(AnyStore::Memory(match max {
+                    Some(m) => store.with_max_keys(m),
+                    None => store,
+                }))
             }
-            Ok(AnyStore::Redis(RedisStore::new(config)?))
-        };
-        match flag {
-            Some("memory") => Ok(memory(None)),
-            Some(url) => redis(url, None),
-            None => match policy {
-                StoreConfig::Memory { max_keys } => Ok(memory(*max_keys)),
-                StoreConfig::Redis { url, timeout } => redis(url, *timeout),
-                _ => anyhow::bail!("the policy names a store this build cannot open"),
-            },
+            Kind::Redis(url, timeout) => {
+                let mut config = RedisConfig::from_url(url)?;
+                if let Some(t) = timeout {
+                    config = config.with_timeout(t);
+                }
+                Ok(AnyStore::Redis(RedisStore::new(config)?))
+            }
         }
     }
+}
+
+/// How long a store has from start-up to answer before the log says, as
+/// an error, that it does not.
+const FIRST_ANSWER_WITHIN: Duration = Duration::from_secs(2);
+
+/// How often readiness is looked at meanwhile; the store pings on its own.
+const LOOK_EVERY: Duration = Duration::from_millis(25);
+
+/// Watches for the first answer of the store `enforcer` runs on, named
+/// `name` in the log. When none comes within [`FIRST_ANSWER_WITHIN`] of
+/// start-up, an error says so (the server serves on, each rule as its
+/// `on_store_error` says, `/readyz` answering 503); and once it answers,
+/// the log says that too.
+pub(crate) fn report_first_answer(enforcer: &Arc<Enforcer<AnyStore>>, name: String) {
+    let enforcer = Arc::clone(enforcer);
+    tokio::spawn(async move {
+        let store = enforcer.store();
+        let answered = async {
+            while !store.is_ready() {
+                tokio::time::sleep(LOOK_EVERY).await;
+            }
+        };
+        tokio::pin!(answered);
+        if tokio::time::timeout(FIRST_ANSWER_WITHIN, &mut answered)
+            .await
+            .is_ok()
+        {
+            return;
+        }
+        tracing::error!(
+            store = %name,
+            within = ?FIRST_ANSWER_WITHIN,
+            "the store is not answering; decisions follow each rule's on_store_error and \
+             /readyz answers 503 until it does"
+        );
+        answered.await;
+        tracing::info!(store = %name, "the store answers");
+    });
 }
 
 impl<C: Clock> AnyStore<C> {
@@ -126,7 +214,6 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
 #[allow(clippy::unwrap_used)]
 mod tests {
     use super::*;
-    use sluice_engine::Enforcer;
     use sluice_policy::{Policy, RuleHit};
 
     // Every request's future holds a store call's and a decision's, and is

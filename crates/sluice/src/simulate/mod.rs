@@ -99,10 +99,9 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
 }
 
 /// The width of a chart's time bins: the first of 1, 2 and 5 times a power
-/// of ten that makes about a hundred bins across the calls, or fewer.
-fn bin_width(calls: &[CallRecord]) -> f64 {
-    let (start, end) = span(calls);
-    let raw = ((end - start) / 100.0).max(0.001);
+/// of ten that makes about `bins` bins across `(start, end)`, or fewer.
+fn bin_width((start, end): (f64, f64), bins: usize) -> f64 {
+    let raw = ((end - start) / bins as f64).max(0.001);
     // Counted in whole milliseconds, so that 0.05 is 50 / 1000, exactly
     // what a reader expects to see.
     let mut scale: u64 = 1;
@@ -179,7 +178,7 @@ fn charts(
             })
             .collect()
     };
-    let width = with.first().map_or(1.0, |r| bin_width(&r.calls));
+    let width = with.first().map_or(1.0, |r| bin_width(span(&r.calls), 100));
     let mut drawn = vec![
         Figure {
             id: "admitted".to_owned(),
@@ -229,7 +228,13 @@ fn charts(
         },
     ];
     if let (Some(w), Some(wo)) = (with.first(), without.first()) {
-        let width = bin_width(&w.calls).min(1.0);
+        // Seconds, to show each second's herd, unless that would make more
+        // bins than a line is drawn with (a scenario may last a year).
+        let (a, b) = (span(&w.calls), span(&wo.calls));
+        let both = (a.0.min(b.0), a.1.max(b.1));
+        let width = bin_width(both, 100)
+            .min(1.0)
+            .max(bin_width(both, chart::MOST_POINTS));
         let herd = [
             Series {
                 name: "with jitter".to_owned(),
@@ -291,12 +296,14 @@ mod tests {
 
     #[test]
     fn bins_are_round_and_about_a_hundred_across_the_calls() {
-        assert_eq!(bin_width(&[at(0.0), at(100.0)]), 1.0);
-        assert_eq!(bin_width(&[at(0.0), at(150.0)]), 2.0);
-        assert_eq!(bin_width(&[at(0.0), at(3.0)]), 0.05);
+        let width = |calls: &[CallRecord]| bin_width(span(calls), 100);
+        assert_eq!(width(&[at(0.0), at(100.0)]), 1.0);
+        assert_eq!(width(&[at(0.0), at(150.0)]), 2.0);
+        assert_eq!(width(&[at(0.0), at(3.0)]), 0.05);
         // Only the span of the calls counts, wherever it starts.
-        assert_eq!(bin_width(&[at(59.0), at(61.0)]), 0.02);
-        assert_eq!(bin_width(&[]), 0.001);
+        assert_eq!(width(&[at(59.0), at(61.0)]), 0.02);
+        assert_eq!(width(&[]), 0.001);
+        assert_eq!(bin_width((0.0, 86_400.0 * 366.0), 1440), 50_000.0);
         let points = per_bin(&[at(0.0), at(0.4), at(1.0)], 0.5, |c| c.allowed);
         assert_eq!(points, [(0.0, 2.0), (0.5, 0.0), (1.0, 1.0)]);
     }

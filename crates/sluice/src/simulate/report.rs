@@ -17,7 +17,11 @@ fn table(out: &mut String, caption: &str, rows: &[Totals]) {
         escape(caption)
     );
     for t in rows {
-        let over = t.peak as f64 > t.limit + t.burst || (t.burst == 0.0 && t.peak as f64 > t.limit);
+        // Above the limit, and as far above it as the formula allows (or,
+        // were the formula broken, further): the scenario went all the way
+        // through this algorithm's gap.
+        let peak = t.peak as f64;
+        let over = peak > t.limit && peak >= t.limit + t.burst;
         let _ = write!(
             out,
             "<tr{}><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
@@ -48,12 +52,14 @@ pub(crate) fn write(
         "<h1>Simulation: {name}</h1><p>{description}</p>\
          <p>Every algorithm was given the same limit: <strong>{rate} calls per {period} s</strong>, \
          decided by the engine <code>sluice replay</code> runs, in virtual time. \
-         <em>Peak</em> is the most calls of one key admitted within any span of one period. \
-         A fixed window promises its rate per window, not per span, so a row in red, with a \
-         peak above the limit, is the gap a burst on each side of a boundary goes through. \
-         The others stay within the limit and what their formula lets through above it: a \
-         token bucket its burst, a sliding window (an estimate) up to one more rate's worth \
-         in the worst case.</p>",
+         <em>Peak</em> is the most calls of one key admitted within any span of one period; \
+         <em>burst</em> is how far above the limit the algorithm's formula lets such a span \
+         go: a token bucket its burst, a sliding window (an estimate) up to one more rate's \
+         worth in the worst case, a sliding log nothing. A fixed window promises its rate \
+         per window, not per span, so a span across a boundary may hold a whole rate more: \
+         its burst is the rate. A row in red reached its limit + burst: the scenario went \
+         all the way through that algorithm's gap, as a burst on each side of a boundary \
+         does through a fixed window's.</p>",
         name = escape(&s.name),
         description = escape(&s.description),
         rate = s.rate,

@@ -44,12 +44,14 @@ pub(crate) struct Totals {
     /// The limit every algorithm was given: `rate` per period.
     pub(crate) limit: f64,
     /// How far above `limit` the algorithm may let one span of one period
-    /// go, by its own formula: a token bucket its burst (here the rate); a
-    /// sliding window up to one more rate's worth, as its estimate takes
-    /// the previous window's calls to have been spread evenly; a sliding
-    /// log nothing. A fixed window promises its rate per window, not per
-    /// span: 0, and a `peak` above `limit` is the gap a double-window
-    /// attack goes through.
+    /// go, by its own formula, so that `peak` is at most `limit + burst`: a
+    /// token bucket its burst (here the rate); a sliding window up to one
+    /// more rate's worth, as its estimate takes the previous window's calls
+    /// to have been spread evenly; a sliding log nothing. A fixed window
+    /// promises its rate per window, not per span: a span of one period
+    /// that straddles a boundary holds the end of one window and the start
+    /// of the next, each with its whole rate, so a whole rate more. That is
+    /// the gap a double-window attack goes through.
     pub(crate) burst: f64,
     /// The most retries, of every key, within any span of one second: how
     /// hard the denied clients come back at once.
@@ -156,8 +158,9 @@ pub(crate) async fn run(
         ),
         limit: s.rate,
         burst: match algorithm {
-            "token_bucket" | "sliding_window" => s.rate,
-            _ => 0.0,
+            // Exact: no span of one period holds more than the rate.
+            "sliding_log" => 0.0,
+            _ => s.rate,
         },
     };
     Ok(Run { totals, calls })

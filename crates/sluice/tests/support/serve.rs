@@ -98,8 +98,13 @@ pub(crate) fn in_pieces(pieces: Vec<Vec<u8>>) -> Body {
 /// Starts `sluice serve` on free ports and waits until it is ready; returns
 /// the process, the HTTP base URL and the gRPC address.
 pub(crate) async fn spawn_serve(policy: &Path) -> (Process, String, String) {
+    spawn_serve_with(policy, &[]).await
+}
+
+/// [`spawn_serve`] with more arguments.
+pub(crate) async fn spawn_serve_with(policy: &Path, more: &[&str]) -> (Process, String, String) {
     let (args, http, grpc) = serve_args(policy);
-    let server = Process(sluice().args(args).spawn().unwrap());
+    let server = Process(sluice().args(args).args(more).spawn().unwrap());
     let base = format!("http://{http}");
     let client = reqwest::Client::new();
     eventually(PATIENCE, "the server to start", async || {
