@@ -1,0 +1,173 @@
+//! A store reconnects to a Redis that was killed (SIGKILL) and restarted on
+//! its port while the store sat idle: the store's next calls are all
+//! decided, none fails on the connection that died with the old process.
+//! A call that was on that connection may have run, so it fails rather
+//! than run twice; the calls after it wait for the new connection.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use std::time::Duration;
+
+use std::time::Instant;
+
+use sluice_core::{Limit, Mode, Op, Store, StoreError, TokenBucket};
+use sluice_redis::{RedisConfig, RedisStore};
+use support::{RedisCluster, RedisServer};
+
+/// How long the store sits idle after Redis is back before it is called
+/// again. The idleness is the condition under test (nothing has told the
+/// store that its connection died), so this is a real wait, not a way to
+/// let something finish; it outlasts the client's reconnect backoff and a
+/// few health checks.
+const IDLE: Duration = Duration::from_secs(1);
+
+/// Calls after the restart, one after another, as the attack made them.
+const CALLS: usize = 20;
+
+/// The deadline of every call: above the default 50 ms, so that a stall
+/// of this shared machine cannot fail a call, and far below the seconds a
+/// caller would wait on a store that had to be noticed down first.
+const DEADLINE: Duration = Duration::from_millis(250);
+
+fn store(server: &RedisServer) -> RedisStore {
+    let config = RedisConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(DEADLINE);
+    RedisStore::new(config).unwrap()
+}
+
+fn limit() -> Limit {
+    Limit::new("restart", TokenBucket::new(1_000.0, 1_000.0).unwrap())
+}
+
+/// Decides `keys` once each (a connection to every node they live on), and
+/// panics if any call fails.
+async fn decide_all(store: &RedisStore, limit: &Limit, keys: &[String]) {
+    for key in keys {
+        store
+            .decide(Op::new(limit, key, 1.0), Mode::CONSUME)
+            .await
+            .unwrap_or_else(|e| panic!("{key}: {e}"));
+    }
+}
+
+/// Makes [`CALLS`] calls over `keys` in turn and returns every failure.
+async fn failures(store: &RedisStore, limit: &Limit, keys: &[String]) -> Vec<String> {
+    let mut failed = Vec::new();
+    for i in 0..CALLS {
+        let key = &keys[i % keys.len()];
+        if let Err(e) = store.decide(Op::new(limit, key, 1.0), Mode::CONSUME).await {
+            failed.push(format!("call {i} ({key}): {e}"));
+        }
+    }
+    failed
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_decides_every_call_after_redis_restarts() {
+    let mut server = RedisServer::start();
+    let store = store(&server);
+    let limit = limit();
+    let keys = vec!["k".to_owned()];
+    decide_all(&store, &limit, &keys).await;
+
+    server.kill();
+    server.restart();
+    tokio::time::sleep(IDLE).await;
+
+    let failed = failures(&store, &limit, &keys).await;
+    assert!(
+        failed.is_empty(),
+        "{} of {CALLS} calls failed: {failed:#?}",
+        failed.len()
+    );
+    assert!(store.is_ready());
+}
+
+/// Redis comes back before the store has noticed it was gone, so the first
+/// call may be written to the dead connection: it fails (it cannot be told
+/// from a call that ran), and every call after it is decided.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn only_the_call_on_a_connection_lost_to_a_restart_fails() {
+    let mut server = RedisServer::start();
+    let store = store(&server);
+    let limit = limit();
+    let keys = vec!["k".to_owned()];
+    decide_all(&store, &limit, &keys).await;
+
+    server.restart();
+
+    let failed = failures(&store, &limit, &keys).await;
+    assert!(
+        failed.is_empty() || (failed.len() == 1 && failed[0].starts_with("call 0 ")),
+        "{} of {CALLS} calls failed: {failed:#?}",
+        failed.len()
+    );
+}
+
+/// Nothing calls the store, yet it finds out that Redis died, and that it
+/// came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_stops_being_ready_when_redis_dies_and_is_ready_again_after() {
+    let mut server = RedisServer::start();
+    let store = store(&server);
+    store.ping().await.unwrap();
+    assert!(store.is_ready());
+
+    server.kill();
+    let killed = Instant::now();
+    while store.is_ready() {
+        assert!(
+            killed.elapsed() < Duration::from_secs(2),
+            "still ready 2 s after Redis died"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    server.restart();
+    let back = Instant::now();
+    while !store.is_ready() {
+        assert!(
+            back.elapsed() < Duration::from_secs(2),
+            "not ready 2 s after Redis returned"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let r = store
+        .decide(Op::new(&limit(), "k", 1.0), Mode::CONSUME)
+        .await;
+    assert!(r.is_ok(), "{:?}", r.map_err(|e: StoreError| e.to_string()));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_cluster_store_decides_every_call_after_a_node_restarts() {
+    let mut cluster = RedisCluster::start(RedisCluster::DEFAULT_MASTERS);
+    let seeds: Vec<String> = cluster
+        .ports()
+        .iter()
+        .map(|p| format!("127.0.0.1:{p}"))
+        .collect();
+    let config = RedisConfig::from_url(&format!("redis+cluster://{}", seeds.join(",")))
+        .unwrap()
+        .with_timeout(DEADLINE);
+    let store = RedisStore::new(config).unwrap();
+    let limit = limit();
+    // Enough keys to land on every node, the restarted one included.
+    let keys: Vec<String> = (0..CALLS).map(|i| format!("user-{i}")).collect();
+    decide_all(&store, &limit, &keys).await;
+
+    for node in cluster.nodes_mut() {
+        node.kill();
+        node.restart();
+    }
+    cluster.wait_healthy();
+    tokio::time::sleep(IDLE).await;
+
+    let failed = failures(&store, &limit, &keys).await;
+    assert!(
+        failed.is_empty(),
+        "{} of {CALLS} calls failed: {failed:#?}",
+        failed.len()
+    );
+}
