@@ -21,10 +21,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, Struct, Value};
 use sluice_core::{Algorithm, Clock, Decision, Outcome, Settle, Store};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{PROBLEM_JSON, denial, each_rate_limit_header};
+use sluice_http::{PROBLEM_JSON, degraded, denial, each_rate_limit_header};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
 use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
@@ -273,7 +274,9 @@ fn hits_of(d: &RateLimitDescriptor, request_hits: u32) -> f64 {
 }
 
 /// The answer: a status per descriptor, in order, and the headers the HTTP
-/// middleware would have set for the whole request.
+/// middleware would have set for the whole request (`Sluice-Degraded`
+/// among them when the verdict was made without the store, which the
+/// dynamic metadata's `degraded` says too, for Envoy's access log).
 fn response(
     req: &RateLimitRequest,
     hits: &[RuleHit<'_>],
@@ -328,11 +331,22 @@ fn response(
     } else {
         Code::OverLimit
     };
+    let dynamic_metadata = verdict.without_store.map(|how| Struct {
+        fields: [(
+            "degraded".to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(degraded(how).to_owned())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         response_headers_to_add,
         raw_body,
+        dynamic_metadata,
         ..RateLimitResponse::default()
     }
 }
