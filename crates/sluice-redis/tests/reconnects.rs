@@ -65,24 +65,36 @@ async fn failures(store: &RedisStore, limit: &Limit, keys: &[String]) -> Vec<Str
     failed
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_idle_store_decides_every_call_after_redis_restarts() {
-    let mut server = RedisServer::start();
-    let store = store(&server);
-    let limit = limit();
-    let keys = vec!["k".to_owned()];
-    decide_all(&store, &limit, &keys).await;
-
-    server.kill();
-    server.restart();
+/// Leaves `store` idle for [`IDLE`], then makes [`CALLS`] calls, every one
+/// of which must be decided.
+async fn idle_then_every_call_is_decided(store: &RedisStore, limit: &Limit, keys: &[String]) {
     tokio::time::sleep(IDLE).await;
-
-    let failed = failures(&store, &limit, &keys).await;
+    let failed = failures(store, limit, keys).await;
     assert!(
         failed.is_empty(),
         "{} of {CALLS} calls failed: {failed:#?}",
         failed.len()
     );
+}
+
+/// A server, and a store that has decided a call on it (so is connected),
+/// with the limit and the keys to call.
+async fn connected() -> (RedisServer, RedisStore, Limit, Vec<String>) {
+    let server = RedisServer::start();
+    let store = store(&server);
+    let limit = limit();
+    let keys = vec!["k".to_owned()];
+    decide_all(&store, &limit, &keys).await;
+    (server, store, limit, keys)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_store_decides_every_call_after_redis_restarts() {
+    let (mut server, store, limit, keys) = connected().await;
+
+    server.kill();
+    server.restart();
+    idle_then_every_call_is_decided(&store, &limit, &keys).await;
     assert!(store.is_ready());
 }
 
@@ -91,11 +103,7 @@ async fn an_idle_store_decides_every_call_after_redis_restarts() {
 /// from a call that ran), and every call after it is decided.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn only_the_call_on_a_connection_lost_to_a_restart_fails() {
-    let mut server = RedisServer::start();
-    let store = store(&server);
-    let limit = limit();
-    let keys = vec!["k".to_owned()];
-    decide_all(&store, &limit, &keys).await;
+    let (mut server, store, limit, keys) = connected().await;
 
     server.restart();
 
@@ -162,12 +170,5 @@ async fn an_idle_cluster_store_decides_every_call_after_a_node_restarts() {
         node.restart();
     }
     cluster.wait_healthy();
-    tokio::time::sleep(IDLE).await;
-
-    let failed = failures(&store, &limit, &keys).await;
-    assert!(
-        failed.is_empty(),
-        "{} of {CALLS} calls failed: {failed:#?}",
-        failed.len()
-    );
+    idle_then_every_call_is_decided(&store, &limit, &keys).await;
 }

@@ -15,8 +15,9 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::value::Kind;
 use support::proxy::spawn_proxy;
+use support::serve::spawn_serve_until;
 use support::upstream::start_upstream;
-use support::{PATIENCE, Process, eventually, free_port, metric, policy_file, serve_args, sluice};
+use support::{Process, free_port, get_text, metric, policy_file};
 
 const POLICY: &str = r#"
 limits:
@@ -53,24 +54,17 @@ rules:
 /// address.
 async fn serve_without_redis() -> (Process, tempfile::TempDir, String, String) {
     let (dir, path) = policy_file(POLICY);
-    let (mut args, http, grpc) = serve_args(&path);
-    args.extend([
-        "--store".into(),
-        format!("redis://127.0.0.1:{}", free_port()).into(),
-    ]);
-    let server = Process(sluice().args(args).spawn().unwrap());
-    let base = format!("http://{http}");
-    let client = reqwest::Client::new();
-    eventually(PATIENCE, "the server to start", async || {
-        let r = client.get(format!("{base}/healthz")).send().await;
-        r.is_ok_and(|r| r.status() == 200)
-    })
-    .await;
-    (server, dir, base, grpc.to_string())
+    let store = format!("redis://127.0.0.1:{}", free_port());
+    let (server, base, grpc) = spawn_serve_until(&path, &["--store", &store], "/healthz").await;
+    (server, dir, base, grpc)
 }
 
-async fn post(client: &reqwest::Client, url: String, body: &str) -> (u16, serde_json::Value) {
-    let res = client.post(url).body(body.to_owned()).send().await.unwrap();
+async fn post(
+    client: &reqwest::Client,
+    url: String,
+    body: impl Into<reqwest::Body>,
+) -> (u16, serde_json::Value) {
+    let res = client.post(url).body(body).send().await.unwrap();
     (res.status().as_u16(), res.json().await.unwrap())
 }
 
@@ -124,23 +118,17 @@ async fn answers_made_without_the_store_say_so_and_are_counted() {
         503
     );
 
+    let call = |limit: &str| {
+        let body = format!(r#"{{"limit": "{limit}", "key": "k"}}"#);
+        post(&client, format!("{base}/v1/limit"), body)
+    };
     // A named limit that fails open admits, and says how.
-    let (status, body) = post(
-        &client,
-        format!("{base}/v1/limit"),
-        r#"{"limit": "open-limit", "key": "k"}"#,
-    )
-    .await;
+    let (status, body) = call("open-limit").await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["allowed"], true, "{body}");
     assert_eq!(body["degraded"], "fail_open", "{body}");
     // One that fails closed answers 503, as before.
-    let (status, body) = post(
-        &client,
-        format!("{base}/v1/limit"),
-        r#"{"limit": "closed-limit", "key": "k"}"#,
-    )
-    .await;
+    let (status, body) = call("closed-limit").await;
     assert_eq!(status, 503, "{body}");
 
     // A request decision, with the header the middleware would set.
@@ -164,14 +152,7 @@ async fn answers_made_without_the_store_say_so_and_are_counted() {
     assert_eq!(header(&closed, "sluice-degraded"), Some("fail_closed"));
     assert_eq!(metadata(&closed), Some("fail_closed"));
 
-    let text = client
-        .get(format!("{base}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let text = get_text(&client, &format!("{base}/metrics")).await;
     for (rule, fail) in [
         ("open-limit", "open"),
         ("closed-limit", "closed"),
