@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use sluice_core::{Limit, Mode, Op, Store, StoreError, TokenBucket};
 use sluice_redis::{RedisConfig, RedisStore};
-use support::{RedisCluster, RedisServer};
+use support::{RedisCluster, RedisServer, ReplyDropper, one_node_cluster_announcing};
 
 /// How long the store sits idle after Redis is back before it is called
 /// again. The idleness is the condition under test (nothing has told the
@@ -151,12 +151,7 @@ async fn an_idle_store_stops_being_ready_when_redis_dies_and_is_ready_again_afte
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_cluster_store_decides_every_call_after_a_node_restarts() {
     let mut cluster = RedisCluster::start(RedisCluster::DEFAULT_MASTERS);
-    let seeds: Vec<String> = cluster
-        .ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let config = RedisConfig::from_url(&format!("redis+cluster://{}", seeds.join(",")))
+    let config = RedisConfig::from_url(&cluster.url())
         .unwrap()
         .with_timeout(DEADLINE);
     let store = RedisStore::new(config).unwrap();
@@ -171,4 +166,42 @@ async fn an_idle_cluster_store_decides_every_call_after_a_node_restarts() {
     }
     cluster.wait_healthy();
     idle_then_every_call_is_decided(&store, &limit, &keys).await;
+}
+
+/// A script call whose reply was lost with its connection may have run, so
+/// it is never sent again: on a Cluster too, where the client would resend
+/// it by itself. Each call spends a key's tokens at most once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_call_whose_reply_was_lost_is_not_run_again() {
+    let (proxy, listener) = ReplyDropper::listen();
+    let node = one_node_cluster_announcing(proxy.port());
+    proxy.forward(listener, node.port());
+    let url = format!("redis+cluster://127.0.0.1:{}", proxy.port());
+    // A patient deadline: the call's fate here is the connection's, not
+    // the clock's.
+    let config = RedisConfig::from_url(&url)
+        .unwrap()
+        .with_timeout(Duration::from_secs(2))
+        .with_deny_cache(0);
+    let store = RedisStore::new(config).unwrap();
+    // Two tokens, the next one an hour away.
+    let limit = Limit::new("once", TokenBucket::new(1.0 / 3600.0, 2.0).unwrap());
+    let call = || store.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME);
+    // Loads the script, so that the call below is one EVALSHA.
+    store
+        .decide(Op::new(&limit, "warm-up", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+
+    proxy.arm();
+    let lost = call().await;
+    assert_eq!(proxy.dropped(), 1, "{lost:?}");
+    assert!(
+        lost.is_err(),
+        "a call whose reply was lost was answered: {lost:?}"
+    );
+    // The script ran once: one token is left.
+    let next = call().await.unwrap();
+    assert!(next.allowed, "the lost call was run again");
+    assert_eq!(next.remaining, 0);
 }
