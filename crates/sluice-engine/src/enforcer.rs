@@ -20,7 +20,7 @@ use crate::meters::{Meters, StoreOp};
 use crate::slots::{Held, HeldLeases, Releaser, failed_release, releaser};
 use crate::store_errors;
 use crate::top_keys::TopKeys;
-use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
+use crate::verdict::{NamedDecision, Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
 /// The rule hits of one request that [`Enforcer::decide`] applies in one way.
@@ -132,7 +132,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let policy = e.policy();
     /// let quota = e.inline_limit(&policy, "quota", &json!("fixed_window"), &json!({"rate": 2, "period": "1h"}))?;
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let d = rt.block_on(e.decide_named(&quota, "org-7", 2.0, Mode::CONSUME)).unwrap();
+    /// let d = rt.block_on(e.decide_named(&quota, "org-7", 2.0, Mode::CONSUME)).unwrap().decision;
     /// assert_eq!((d.allowed, d.remaining), (true, 0));
     /// // One name is all this enforcer keeps.
     /// let other = e.inline_limit(&policy, "other", &json!("token_bucket"), &json!({"rps": 1}));
@@ -360,28 +360,28 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let uploads = policy.named_limit("uploads").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     /// let (d, held) = rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap();
-    /// assert!(d.allowed);
+    /// assert!(d.decision.allowed);
     /// let held = held.unwrap();
     /// let (d, none) = rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap();
-    /// assert!(!d.allowed && none.is_none());
+    /// assert!(!d.decision.allowed && none.is_none());
     /// // Unless it is released, the lease lasts 30 s from when it was taken.
-    /// assert!(d.retry_after.is_some_and(|wait| wait > 29.0 && wait <= 30.0));
+    /// assert!(d.decision.retry_after.is_some_and(|wait| wait > 29.0 && wait <= 30.0));
     /// assert!(rt.block_on(e.release(&held)).unwrap());
-    /// assert!(rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap().0.allowed);
+    /// assert!(rt.block_on(e.acquire_named(uploads, "alice", 1.0)).unwrap().0.decision.allowed);
     /// ```
     pub async fn acquire_named(
         &self,
         named: &NamedLimit,
         key: &str,
         count: f64,
-    ) -> Result<(Decision, Option<Held>), StoreError> {
+    ) -> Result<(NamedDecision, Option<Held>), StoreError> {
         let op = self.op(named.limit(), key, count);
         // Released if the store call ends without an answer (an error, a
         // missed deadline, a dropped future): it may have taken the lease.
         let mut pending = self.pending([&op]);
         let d = self.decide_op(named, op, Mode::CONSUME).await?;
         let mut leases = pending.disarm();
-        Ok((d, leases.pop().filter(|_| d.allowed)))
+        Ok((d, leases.pop().filter(|_| d.decision.allowed)))
     }
 
     /// The leases `ops` would take, held until the store answers: see
@@ -431,9 +431,11 @@ impl<S: Store + 'static> Enforcer<S> {
     /// whatever the limit's `mode` in the policy).
     ///
     /// When the store fails, the limit's `on_store_error` decides: `open`
-    /// allows (with nothing remaining, as no state was read), `closed`
-    /// returns the error. Either way the failure is counted in
-    /// `sluice_store_errors_total`. An impossible cost is always an error.
+    /// allows (with nothing remaining, as no state was read) and says so in
+    /// [`NamedDecision::without_store`], `closed` returns the error. Either
+    /// way the failure is counted in `sluice_store_errors_total`, and the
+    /// decision in `sluice_decisions_without_store_total`. An impossible
+    /// cost is always an error.
     ///
     /// ```
     /// # use sluice_core::{MemoryStore, Mode};
@@ -445,8 +447,9 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let send = policy.named_limit("send").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     /// let call = || e.decide_named(send, "alice", 1.0, Mode::CONSUME);
-    /// assert!(rt.block_on(call()).unwrap().allowed);
-    /// assert!(!rt.block_on(call()).unwrap().allowed);
+    /// let first = rt.block_on(call()).unwrap();
+    /// assert!(first.decision.allowed && first.without_store.is_none());
+    /// assert!(!rt.block_on(call()).unwrap().decision.allowed);
     /// ```
     pub async fn decide_named(
         &self,
@@ -454,7 +457,7 @@ impl<S: Store + 'static> Enforcer<S> {
         key: &str,
         cost: f64,
         mode: Mode,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<NamedDecision, StoreError> {
         let op = self.op(named.limit(), key, cost);
         self.decide_op(named, op, mode).await
     }
@@ -465,7 +468,7 @@ impl<S: Store + 'static> Enforcer<S> {
         named: &NamedLimit,
         op: Op<'_>,
         mode: Mode,
-    ) -> Result<Decision, StoreError> {
+    ) -> Result<NamedDecision, StoreError> {
         let started = Instant::now();
         let result = match named.penalty() {
             None => self.store.decide(op, mode).await,
@@ -475,20 +478,25 @@ impl<S: Store + 'static> Enforcer<S> {
                 .map(|out| out.decisions[0]),
         };
         self.meters.timed(StoreOp::Decide, started);
-        let decision = match result {
-            Ok(d) => d,
+        let (decision, without_store) = match result {
+            Ok(d) => (d, None),
             Err(StoreError::Cost(e)) => return Err(StoreError::Cost(e)),
             Err(e) => {
-                self.store_failed(&e, [(named.name(), named.on_store_error())]);
-                if named.on_store_error() == OnStoreError::Closed {
+                let how = named.on_store_error();
+                self.store_failed(&e, [(named.name(), how)]);
+                store_errors::decided_without_store(named.name(), how);
+                if how == OnStoreError::Closed {
                     return Err(e);
                 }
-                OnStoreError::Open.outcome(&[op]).decisions[0]
+                (how.outcome(&[op]).decisions[0], Some(how))
             }
         };
         self.meters
             .count(named.name(), Enforcement::Enforce, decision.allowed, op.key);
-        Ok(decision)
+        Ok(NamedDecision {
+            decision,
+            without_store,
+        })
     }
 
     /// Settles a call's real cost on `key` of the named limit `named`, once
@@ -510,7 +518,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let policy = e.policy();
     /// let llm = policy.named_limit("llm").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// assert!(rt.block_on(e.decide_named(llm, "team", 1000.0, Mode::CONSUME)).unwrap().allowed);
+    /// assert!(rt.block_on(e.decide_named(llm, "team", 1000.0, Mode::CONSUME)).unwrap().decision.allowed);
     /// let d = rt.block_on(e.settle_named(llm, "team", Settle::Refund(600.0))).unwrap();
     /// assert_eq!(d.remaining, 600);
     /// ```
@@ -542,11 +550,11 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let policy = e.policy();
     /// let login = policy.named_limit("login").unwrap();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let call = || e.decide_named(login, "mallory", 1.0, Mode::CONSUME);
-    /// assert!(rt.block_on(call()).unwrap().allowed);
-    /// assert_eq!(rt.block_on(call()).unwrap().retry_after, Some(3600.0));
+    /// let call = || async { e.decide_named(login, "mallory", 1.0, Mode::CONSUME).await.unwrap().decision };
+    /// assert!(rt.block_on(call()).allowed);
+    /// assert_eq!(rt.block_on(call()).retry_after, Some(3600.0));
     /// rt.block_on(e.reset_named(login, "mallory")).unwrap();
-    /// assert!(rt.block_on(call()).unwrap().allowed);
+    /// assert!(rt.block_on(call()).allowed);
     /// ```
     pub async fn reset_named(&self, named: &NamedLimit, key: &str) -> Result<(), StoreError> {
         if let Some(p) = named.penalty() {
@@ -684,18 +692,24 @@ impl<S: Store + 'static> Enforcer<S> {
                 let closed = rules
                     .iter()
                     .find(|r| r.on_store_error() == OnStoreError::Closed);
-                if let Some(rule) = closed {
-                    verdict.refusal =
-                        Some((rule.name().to_owned(), Refusal::StoreFailed(e.to_string())));
-                    OnStoreError::Closed.outcome(&ops)
-                } else {
-                    OnStoreError::Open.outcome(&ops)
-                }
+                let how = match closed {
+                    Some(rule) => {
+                        verdict.refusal =
+                            Some((rule.name().to_owned(), Refusal::StoreFailed(e.to_string())));
+                        OnStoreError::Closed
+                    }
+                    None => OnStoreError::Open,
+                };
+                verdict.without_store = Some(how);
+                how.outcome(&ops)
             }
         };
         verdict.rules.reserve_exact(enforce.len());
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
             self.count(hit, d.allowed);
+            if let Some(how) = verdict.without_store {
+                store_errors::decided_without_store(hit.rule.name(), how);
+            }
             verdict.rules.push(RuleDecision {
                 rule: hit.rule.name().to_owned(),
                 key: hit.key.clone(),

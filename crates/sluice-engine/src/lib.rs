@@ -48,5 +48,5 @@ pub use enforcer::{Enforcer, quota_window};
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
 pub use slots::{Held, HeldLeases};
 pub use top_keys::{MAX_KEY_BYTES, MINUTES, TopKey, TopKeys};
-pub use verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
+pub use verdict::{NamedDecision, Refusal, RuleDecision, ShadowDecision, Verdict};
 pub use verified::Verified;

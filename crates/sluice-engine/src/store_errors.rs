@@ -21,14 +21,29 @@ pub(crate) fn store_failed<'r>(
         _ => "unavailable",
     };
     for (name, on_error) in deciding {
-        let fail = match on_error {
-            OnStoreError::Open => "open",
-            OnStoreError::Closed => "closed",
-        };
-        metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail, "rule" => name.to_owned())
+        metrics::counter!("sluice_store_errors_total", "kind" => kind, "fail" => fail(on_error), "rule" => name.to_owned())
             .increment(1);
     }
     log.failed(e);
+}
+
+/// Counts a decision of the rule or named limit `name` made without the
+/// store in `sluice_decisions_without_store_total`, by how it was made:
+/// `open` admitted, `closed` denied. Unlike `sluice_store_errors_total`,
+/// which counts failed store calls by how each rule in them fails (a
+/// settlement, a penalty's charge and a shadow rule's call too), this
+/// counts answers: an enforced rule in a transaction that another rule's
+/// failing closed denied is counted `closed`.
+pub(crate) fn decided_without_store(name: &str, how: OnStoreError) {
+    metrics::counter!("sluice_decisions_without_store_total", "rule" => name.to_owned(), "fail" => fail(how))
+        .increment(1);
+}
+
+fn fail(how: OnStoreError) -> &'static str {
+    match how {
+        OnStoreError::Open => "open",
+        OnStoreError::Closed => "closed",
+    }
 }
 
 /// How often, at most, a failure is logged.

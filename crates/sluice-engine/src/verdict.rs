@@ -1,8 +1,30 @@
 //! What the engine says about one request: the verdict and its parts.
 
-use sluice_core::Decision;
+use sluice_core::{Decision, OnStoreError};
 
 use crate::slots::Held;
+
+/// A named limit's answer to one call.
+///
+/// ```
+/// use sluice_core::{Decision, OnStoreError};
+/// use sluice_engine::NamedDecision;
+/// let admitted_blind = NamedDecision {
+///     decision: Decision { allowed: true, limit: 10.0, remaining: 0, retry_after: None, reset: 0.0 },
+///     without_store: Some(OnStoreError::Open),
+/// };
+/// assert!(admitted_blind.decision.allowed);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NamedDecision {
+    /// What the limit decided.
+    pub decision: Decision,
+    /// `Some(Open)` when the store failed and the limit, failing open,
+    /// admitted the call without it (with nothing remaining, as no state
+    /// was read). A limit that fails closed answers with the store's error
+    /// instead, so this is never `Some(Closed)`.
+    pub without_store: Option<OnStoreError>,
+}
 
 /// One enforced rule's part in a verdict.
 #[derive(Debug, Clone, PartialEq)]
@@ -94,6 +116,11 @@ pub struct Verdict {
     /// it): give them back when its work ends, with
     /// [`Enforcer::hold`](crate::Enforcer::hold).
     pub leases: Vec<Held>,
+    /// How the enforced rules decided without the store, when its call
+    /// failed: `Open` when they admitted the request all the same, `Closed`
+    /// when one of them, failing closed, denied it. `None` when the store
+    /// decided, or no store call was made.
+    pub without_store: Option<OnStoreError>,
 }
 
 impl Default for Verdict {
@@ -107,6 +134,7 @@ impl Default for Verdict {
             refusal: None,
             shadow: Vec::new(),
             leases: Vec::new(),
+            without_store: None,
         }
     }
 }

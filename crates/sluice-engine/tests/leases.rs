@@ -109,7 +109,14 @@ async fn a_store_call_that_fails_after_taking_a_lease_gives_it_back() {
     // Both slots came back: without the release, each would be held for
     // the hour of its lease.
     assert!(e.enforce(&policy, &upload()).await.allowed);
-    assert!(e.acquire_named(jobs, "k", 1.0).await.unwrap().0.allowed);
+    assert!(
+        e.acquire_named(jobs, "k", 1.0)
+            .await
+            .unwrap()
+            .0
+            .decision
+            .allowed
+    );
 }
 
 #[tokio::test]

@@ -5,8 +5,10 @@
 #![allow(clippy::unwrap_used)]
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use sluice_core::{MemoryStore, Mode, Settle};
-use sluice_engine::Enforcer;
+use sluice_core::{
+    Decision, Limit, MemoryStore, Mode, OnStoreError, Op, Outcome, Settle, Store, StoreError, Value,
+};
+use sluice_engine::{Enforcer, Refusal};
 use sluice_policy::{Policy, RequestParts};
 
 const POLICY: &str = r#"
@@ -161,4 +163,114 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
             assert_eq!(decisions(&snapshot, [rule, outcome, mode]), None);
         }
     }
+}
+
+/// A store that is down: every call fails.
+struct Down;
+
+fn down() -> StoreError {
+    StoreError::Unavailable("connection refused".into())
+}
+
+impl Store for Down {
+    async fn transact(&self, _: &[Op<'_>], _: Mode) -> Result<Outcome, StoreError> {
+        Err(down())
+    }
+
+    async fn reset(&self, _: &Limit, _: &str) -> Result<(), StoreError> {
+        Err(down())
+    }
+
+    async fn value(&self, _: &Limit, _: &str) -> Result<Value, StoreError> {
+        Err(down())
+    }
+
+    async fn settle(&self, _: &Limit, _: &str, _: Settle) -> Result<Decision, StoreError> {
+        Err(down())
+    }
+
+    async fn release(&self, _: &Limit, _: &str, _: u64) -> Result<bool, StoreError> {
+        Err(down())
+    }
+}
+
+const FAILING: &str = r#"
+limits:
+  lenient: {algorithm: token_bucket, algorithm_config: {rps: 1}, on_store_error: open}
+  strict: {algorithm: token_bucket, algorithm_config: {rps: 1}, on_store_error: closed}
+rules:
+  - name: open-rule
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1}
+    on_store_error: open
+  - name: closed-rule
+    limit_keys: [ip:address]
+    match: {path: /strict}
+    algorithm: token_bucket
+    algorithm_config: {rps: 1}
+    on_store_error: closed
+  - name: trial
+    limit_keys: [ip:address]
+    mode: shadow
+    algorithm: token_bucket
+    algorithm_config: {rps: 1}
+"#;
+
+#[test]
+fn decisions_made_without_the_store_say_so_and_are_counted_by_how() {
+    let snapshot = recorded(|rt| {
+        let enforcer = Enforcer::new(Policy::from_str(FAILING, "p").unwrap(), Down);
+        let policy = enforcer.policy();
+        let at = |path| RequestParts::new("GET", path).with_ip([192, 0, 2, 1].into());
+
+        let open = rt.block_on(enforcer.enforce(&policy, &at("/")));
+        assert!(open.allowed);
+        assert_eq!(open.without_store, Some(OnStoreError::Open));
+        // One rule failing closed denies the whole transaction.
+        let closed = rt.block_on(enforcer.enforce(&policy, &at("/strict")));
+        assert!(!closed.allowed);
+        assert_eq!(closed.without_store, Some(OnStoreError::Closed));
+        assert!(matches!(
+            closed.refusal,
+            Some((ref rule, Refusal::StoreFailed(_))) if rule == "closed-rule"
+        ));
+
+        let lenient = policy.named_limit("lenient").unwrap();
+        let d = rt
+            .block_on(enforcer.decide_named(lenient, "k", 1.0, Mode::CONSUME))
+            .unwrap();
+        assert!(d.decision.allowed);
+        assert_eq!(d.without_store, Some(OnStoreError::Open));
+        let strict = policy.named_limit("strict").unwrap();
+        assert!(
+            rt.block_on(enforcer.decide_named(strict, "k", 1.0, Mode::CONSUME))
+                .is_err()
+        );
+
+        // A store that answers leaves nothing to say.
+        let fine = Enforcer::new(Policy::from_str(FAILING, "p").unwrap(), MemoryStore::new());
+        let v = rt.block_on(fine.enforce(&fine.policy(), &at("/strict")));
+        assert_eq!(v.without_store, None);
+        let d = rt
+            .block_on(fine.decide_named(lenient, "k", 1.0, Mode::CONSUME))
+            .unwrap();
+        assert_eq!(d.without_store, None);
+    });
+    let without = |rule, fail| {
+        counter(
+            &snapshot,
+            "sluice_decisions_without_store_total",
+            &[("rule", rule), ("fail", fail)],
+        )
+    };
+    // open-rule admitted once and was denied once, with closed-rule.
+    assert_eq!(without("open-rule", "open"), Some(1));
+    assert_eq!(without("open-rule", "closed"), Some(1));
+    assert_eq!(without("closed-rule", "closed"), Some(1));
+    assert_eq!(without("closed-rule", "open"), None);
+    assert_eq!(without("lenient", "open"), Some(1));
+    assert_eq!(without("strict", "closed"), Some(1));
+    // A shadow rule answers no one.
+    assert_eq!(without("trial", "open"), None);
 }

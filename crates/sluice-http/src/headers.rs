@@ -1,6 +1,7 @@
 //! What a verdict tells the client: the IETF `RateLimit-Policy` and
 //! `RateLimit` structured fields, the legacy `RateLimit-*` and
-//! `X-RateLimit-*` fields, `Retry-After` with per-client jitter, and the
+//! `X-RateLimit-*` fields, `Retry-After` with per-client jitter,
+//! `Sluice-Degraded` on a decision made without the store, and the
 //! problem-details body of a refusal.
 
 use bytes::Bytes;
@@ -9,6 +10,7 @@ use http::{HeaderMap, StatusCode};
 use serde::Serialize;
 use smallvec::SmallVec;
 
+use sluice_core::OnStoreError;
 use sluice_engine::{Refusal, Verdict};
 
 /// `RateLimit-Policy`: each rule's quota and window, or, for a concurrency
@@ -26,6 +28,27 @@ pub const RATELIMIT_RESET: HeaderName = HeaderName::from_static("ratelimit-reset
 pub const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
 /// `X-RateLimit-Remaining`.
 pub const X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// `Sluice-Degraded`: on a decision made without the store, because its
+/// call failed, how it was made (see [`degraded`]). Absent when the store
+/// decided.
+pub const SLUICE_DEGRADED: HeaderName = HeaderName::from_static("sluice-degraded");
+
+/// How an answer made without the store says so, in [`SLUICE_DEGRADED`],
+/// the decision API's `degraded` field and Envoy's dynamic metadata:
+/// `fail_open` when the rules admitted the call all the same, `fail_closed`
+/// when they denied it.
+///
+/// ```
+/// use sluice_core::OnStoreError;
+/// assert_eq!(sluice_http::degraded(OnStoreError::Open), "fail_open");
+/// assert_eq!(sluice_http::degraded(OnStoreError::Closed), "fail_closed");
+/// ```
+pub fn degraded(how: OnStoreError) -> &'static str {
+    match how {
+        OnStoreError::Open => "fail_open",
+        OnStoreError::Closed => "fail_closed",
+    }
+}
 
 /// Whole seconds for a header: rounded up, so that a client that waits that
 /// long is never early, and never negative.
@@ -236,6 +259,7 @@ mod fields {
     pub(super) static X_LIMIT: HeaderName = super::X_RATELIMIT_LIMIT;
     pub(super) static X_REMAINING: HeaderName = super::X_RATELIMIT_REMAINING;
     pub(super) static RETRY_AFTER: HeaderName = super::RETRY_AFTER;
+    pub(super) static DEGRADED: HeaderName = super::SLUICE_DEGRADED;
 }
 
 /// Where [`write_rate_limit_headers`] puts each header: the one place that
@@ -247,6 +271,8 @@ trait FieldSink {
     fn list(&mut self, name: &'static HeaderName, hint: usize, build: impl FnOnce(&mut String));
     /// A count or a number of seconds.
     fn number(&mut self, name: &'static HeaderName, n: u64);
+    /// A word of the answer's own, such as [`degraded`]'s.
+    fn token(&mut self, name: &'static HeaderName, token: &'static str);
 }
 
 /// The values of [`set_rate_limit_headers`], one after another in `text`;
@@ -266,6 +292,11 @@ impl FieldSink for SharedValues {
         self.text.push_str(itoa::Buffer::new().format(n));
         self.fields.push((name, self.text.len()));
     }
+
+    fn token(&mut self, name: &'static HeaderName, token: &'static str) {
+        self.text.push_str(token);
+        self.fields.push((name, self.text.len()));
+    }
 }
 
 /// Hands each value to a callback as an owned [`FieldValue`].
@@ -281,6 +312,10 @@ impl<F: FnMut(&HeaderName, FieldValue)> FieldSink for Owned<F> {
     fn number(&mut self, name: &'static HeaderName, n: u64) {
         (self.0)(name, FieldValue::Number(n));
     }
+
+    fn token(&mut self, name: &'static HeaderName, token: &'static str) {
+        (self.0)(name, FieldValue::Token(token));
+    }
 }
 
 /// The value of one RateLimit header, as [`each_rate_limit_header`] hands
@@ -291,6 +326,7 @@ impl<F: FnMut(&HeaderName, FieldValue)> FieldSink for Owned<F> {
 /// use sluice_http::FieldValue;
 /// assert_eq!(FieldValue::Number(7).to_string(), "7");
 /// assert_eq!(String::from(FieldValue::List(r#""a";r=1;t=2"#.into())), r#""a";r=1;t=2"#);
+/// assert_eq!(FieldValue::Token("fail_open").to_string(), "fail_open");
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum FieldValue {
@@ -298,6 +334,8 @@ pub enum FieldValue {
     List(String),
     /// A count or a number of seconds.
     Number(u64),
+    /// A word of the answer's own: `Sluice-Degraded`'s.
+    Token(&'static str),
 }
 
 impl std::fmt::Display for FieldValue {
@@ -305,6 +343,7 @@ impl std::fmt::Display for FieldValue {
         match self {
             FieldValue::List(list) => f.write_str(list),
             FieldValue::Number(n) => f.write_str(itoa::Buffer::new().format(*n)),
+            FieldValue::Token(token) => f.write_str(token),
         }
     }
 }
@@ -314,6 +353,7 @@ impl From<FieldValue> for String {
         match value {
             FieldValue::List(list) => list,
             FieldValue::Number(n) => itoa::Buffer::new().format(n).to_owned(),
+            FieldValue::Token(token) => token.to_owned(),
         }
     }
 }
@@ -400,6 +440,9 @@ fn write_rate_limit_headers(v: &Verdict, out: &mut impl FieldSink) {
         && let Some(secs) = retry_after(v)
     {
         out.number(&fields::RETRY_AFTER, secs);
+    }
+    if let Some(how) = v.without_store {
+        out.token(&fields::DEGRADED, degraded(how));
     }
 }
 
@@ -785,6 +828,7 @@ mod tests {
         let store_failed = Verdict {
             allowed: false,
             refusal: Some(("a".into(), Refusal::StoreFailed("down".into()))),
+            without_store: Some(OnStoreError::Closed),
             ..Verdict::default()
         };
         let allowed = Verdict {
@@ -792,10 +836,15 @@ mod tests {
             deciding: Some(0),
             ..Verdict::default()
         };
+        let admitted_blind = Verdict {
+            without_store: Some(OnStoreError::Open),
+            ..allowed.clone()
+        };
         for (v, fields) in [
             (denied, 8),
-            (store_failed, 1),
+            (store_failed, 2),
             (allowed, 7),
+            (admitted_blind, 8),
             (Verdict::default(), 0),
         ] {
             let mut listed = Vec::new();

@@ -52,12 +52,12 @@ mod request;
 
 pub use headers::{
     FieldValue, PROBLEM_JSON, Problem, QUOTA_EXCEEDED, RATELIMIT, RATELIMIT_LIMIT,
-    RATELIMIT_POLICY, RATELIMIT_REMAINING, RATELIMIT_RESET, X_RATELIMIT_LIMIT,
-    X_RATELIMIT_REMAINING, denial, each_rate_limit_header, grpc_denial, rate_limit_headers,
-    retry_after_secs, set_rate_limit_headers,
+    RATELIMIT_POLICY, RATELIMIT_REMAINING, RATELIMIT_RESET, SLUICE_DEGRADED, X_RATELIMIT_LIMIT,
+    X_RATELIMIT_REMAINING, degraded, denial, each_rate_limit_header, grpc_denial,
+    rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
 pub use limit::{Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture};
 pub use request::{HttpRequest, PeerAddr};
 /// The engine's types, here too since the layer cannot be built without
 /// an [`Enforcer`].
-pub use sluice_engine::{Enforcer, Refusal, RuleDecision, ShadowDecision, Verdict};
+pub use sluice_engine::{Enforcer, NamedDecision, Refusal, RuleDecision, ShadowDecision, Verdict};

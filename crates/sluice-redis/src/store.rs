@@ -10,6 +10,9 @@ use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{
+    MultipleNodeRoutingInfo, ResponsePolicy, RoutingInfo, SingleNodeRoutingInfo,
+};
 use redis::{Cmd, ErrorKind, Pipeline, RedisError, RedisFuture, ServerErrorKind, Value};
 use sluice_core::algorithm;
 use sluice_core::{
@@ -114,18 +117,32 @@ struct Shared {
     ready: AtomicBool,
     /// A call missed its deadline since the last health check.
     suspect: AtomicBool,
-    /// A single Redis refused or dropped the connection, and nothing has
-    /// answered since: calls fail at once rather than each waiting out its
-    /// deadline while the connection is retried.
+    /// A single Redis refused a connection, and nothing has answered since:
+    /// calls fail at once rather than each waiting out its deadline while
+    /// the connection is retried.
     refused: AtomicBool,
+    /// When Redis last answered anything, in milliseconds since `born`: a
+    /// connection silent for longer than [`KEEPALIVE`] is pinged, since
+    /// only a write finds out that it died (with a Redis that restarted).
+    answered_ms: AtomicU64,
+    born: Instant,
 }
+
+/// How long the connection may stay silent before the health check pings
+/// it. A connection to a Redis that was killed, or restarted, is only found
+/// dead by writing to it, and a call cannot be retried after its write
+/// failed (see [`send`]): the ping finds it instead, and the calls after it
+/// meet a new connection. Idle, that is a few pings a second; busy, none.
+const KEEPALIVE: Duration = Duration::from_millis(100);
 
 impl Shared {
     fn classify(&self, e: &RedisError) -> StoreError {
         if e.is_io_error() || e.is_connection_dropped() || e.is_connection_refusal() {
             self.ready.store(false, Ordering::Relaxed);
+            // Only a refusal says Redis is down: a dropped connection is
+            // replaced at once, and the calls after it wait for the new one.
             // A cluster can lose one node and still serve the others' slots.
-            if matches!(self.conn, Conn::Single(_)) {
+            if e.is_connection_refusal() && matches!(self.conn, Conn::Single(_)) {
                 self.refused.store(true, Ordering::Relaxed);
             }
         }
@@ -153,15 +170,28 @@ impl Shared {
     fn pinged(&self, answered: bool) {
         self.ready.store(answered, Ordering::Relaxed);
         if answered {
+            self.heard();
             self.refused.store(false, Ordering::Relaxed);
         }
     }
 
     /// Records that Redis answered a call.
     fn replied(&self) {
+        self.heard();
         if !self.refused.load(Ordering::Relaxed) {
             self.ready.store(true, Ordering::Relaxed);
         }
+    }
+
+    fn heard(&self) {
+        let ms = u64::try_from(self.born.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.answered_ms.fetch_max(ms, Ordering::Relaxed);
+    }
+
+    /// Whether Redis has been silent for longer than [`KEEPALIVE`].
+    fn silent(&self) -> bool {
+        let since = Duration::from_millis(self.answered_ms.load(Ordering::Relaxed));
+        self.born.elapsed().saturating_sub(since) > KEEPALIVE
     }
 
     /// Awaits `call` within the deadline, mapping a miss and Redis errors.
@@ -310,6 +340,8 @@ impl RedisStore {
             ready: AtomicBool::new(false),
             suspect: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            answered_ms: AtomicU64::new(0),
+            born: Instant::now(),
             config,
         });
         let (jobs, rx) = mpsc::channel(1 << 16);
@@ -369,7 +401,7 @@ impl RedisStore {
         let mut cmd = redis::cmd("PUBLISH");
         cmd.arg(&shared.reset_channel)
             .arg(resets::message(limit.name(), key));
-        if let Err(e) = shared.within(cmd.query_async::<Value>(&mut conn)).await {
+        if let Err(e) = shared.within(send(&mut conn, &cmd, Resend::IfUnsent)).await {
             shared.count(&e);
             tracing::warn!(
                 limit = limit.name(),
@@ -387,7 +419,7 @@ impl RedisStore {
             // Answered without waiting on anything, so a caller retrying in
             // a loop would never give the runtime back: spend cooperative
             // budget as a channel receive would. The health check pings
-            // every 25 ms and ends the refusal as soon as Redis answers.
+            // every 10 ms and ends the refusal as soon as Redis answers.
             tokio::task::consume_budget().await;
             let e = StoreError::Unavailable(
                 "Redis refused the connection; failing at once until it answers again".into(),
@@ -515,13 +547,14 @@ impl RedisStore {
 fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
     let timeout = config.timeout();
     if config.is_cluster() {
+        // No retries by the client: it sends a command again after its
+        // connection was lost too, when a script may have run already.
+        // `send` retries what never ran, redirections included.
         let client =
             redis::cluster::ClusterClient::builder(config.nodes().iter().map(String::as_str))
                 .connection_timeout(timeout.max(Duration::from_millis(100)))
                 .response_timeout(timeout.max(Duration::from_millis(100)))
-                .retries(2)
-                .min_retry_wait(10)
-                .max_retry_wait(200)
+                .retries(0)
                 .build()?;
         let conn =
             client.get_pending_async_connection_with_config(redis::cluster::ClusterConfig::new());
@@ -529,41 +562,176 @@ fn connect(config: &RedisConfig) -> Result<Conn, RedisError> {
     } else {
         let node = config.nodes().first().map_or("", String::as_str);
         let client = redis::Client::open(node)?;
+        // One connection attempt per reconnection, without backoff: the
+        // health check paces the attempts while Redis is down, and a call
+        // made once Redis is back never waits out a backoff sleep started
+        // while it was down.
         let manager = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(timeout.max(Duration::from_millis(100))))
             .set_response_timeout(None)
-            .set_min_delay(Duration::from_millis(10))
-            .set_max_delay(Duration::from_millis(250))
-            .set_number_of_retries(3);
+            .set_number_of_retries(0);
         Ok(Conn::Single(ConnectionManager::new_lazy_with_config(
             client, manager,
         )?))
     }
 }
 
-async fn ping(shared: &Shared) -> Result<(), StoreError> {
+/// What may be sent again after its first try failed.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Resend {
+    /// A command that changes what Redis holds: only if it never left.
+    IfUnsent,
+    /// A command that changes nothing (PING): after any lost connection too.
+    AfterAnyLoss,
+}
+
+/// How many times [`send`] tries a command at most.
+const TRIES: usize = 3;
+
+/// Sends `cmd`, and again, up to [`TRIES`] times in all, while it failed in
+/// a way `resend` allows; every caller bounds the whole with its deadline.
+///
+/// Why a script call sent again cannot spend twice: it is sent again only
+/// when it never ran. A refusal comes only from opening a connection (a TCP
+/// reset answering the connection request, or a missing Unix socket),
+/// never from one that carried a command: an established connection that
+/// breaks reports a reset or a broken pipe. A Cluster node that answers
+/// MOVED, ASK, TRYAGAIN or CLUSTERDOWN has turned the call away before
+/// running it, and a Cluster with no connection to any node has sent
+/// nothing. A script call that failed any other way (a broken pipe, a
+/// reset, a missed deadline) may have run before it failed, so it is never
+/// sent again, by this or by the Cluster client (see [`connect`]); its
+/// caller fails open or closed instead.
+///
+/// A refusal is tried again once: the first can be stale, kept by the
+/// connection manager from an attempt made while Redis was down until
+/// something used the connection; using it started a fresh attempt, which
+/// the second try waits for, and a refusal then says that Redis refuses
+/// now. A redirection is followed as a Cluster client follows it: ASK with
+/// ASKING to the node named, MOVED once the client has read the new slot
+/// map, which it does on seeing MOVED.
+async fn send(conn: &mut Conn, cmd: &Cmd, resend: Resend) -> Result<Value, RedisError> {
+    let mut result = cmd.query_async::<Value>(conn).await;
+    let mut refused = false;
+    for _ in 1..TRIES {
+        let Err(e) = &result else { break };
+        let again = if e.is_connection_refusal() {
+            // Once only, as said above.
+            let first = !refused;
+            refused = true;
+            first
+        } else {
+            turned_away(e) || (resend == Resend::AfterAnyLoss && e.is_connection_dropped())
+        };
+        if !again {
+            break;
+        }
+        result = match (e.redirect_node(), &mut *conn) {
+            (Some((node, _)), Conn::Cluster(c))
+                if e.kind() == ErrorKind::Server(ServerErrorKind::Ask) =>
+            {
+                asking(c, cmd, node).await
+            }
+            _ => cmd.query_async::<Value>(conn).await,
+        };
+    }
+    result
+}
+
+/// Whether a Cluster turned a command away before it ran.
+fn turned_away(e: &RedisError) -> bool {
+    matches!(
+        e.kind(),
+        ErrorKind::Server(
+            ServerErrorKind::Moved
+                | ServerErrorKind::Ask
+                | ServerErrorKind::TryAgain
+                | ServerErrorKind::ClusterDown
+        ) | ErrorKind::ClusterConnectionNotFound
+    )
+}
+
+/// `cmd` sent to the Cluster node `node` (`host:port`) after ASKING, as an
+/// ASK redirection asks: the node is importing the slot of `cmd`'s keys.
+async fn asking(conn: &mut ClusterConnection, cmd: &Cmd, node: &str) -> Result<Value, RedisError> {
+    let (host, port) = node
+        .rsplit_once(':')
+        .and_then(|(host, port)| Some((host.to_owned(), port.parse().ok()?)))
+        .ok_or_else(|| {
+            RedisError::from((ErrorKind::Client, "an ASK to no node", node.to_owned()))
+        })?;
+    let mut pipeline = redis::pipe();
+    pipeline.cmd("ASKING").add_command(cmd.clone());
+    let route = SingleNodeRoutingInfo::ByAddress { host, port };
+    // Only the command's reply, not ASKING's.
+    let mut replies = conn.route_pipeline(pipeline, 1, 1, route).await?;
+    replies
+        .pop()
+        .ok_or_else(|| RedisError::from((ErrorKind::Client, "no reply after ASKING")))?
+        .extract_error()
+}
+
+/// Sends PING within the deadline.
+async fn send_ping(shared: &Shared) -> Result<(), StoreError> {
     let mut conn = shared.conn.clone();
     let cmd = redis::cmd("PING");
-    let answered = shared.within(cmd.query_async::<Value>(&mut conn)).await;
+    shared
+        .within(send(&mut conn, &cmd, Resend::AfterAnyLoss))
+        .await
+        .map(drop)
+}
+
+/// Pings a connection silent for [`KEEPALIVE`], and says whether it
+/// answered. On a Cluster every master is pinged, each on its own
+/// connection; one that does not answer leaves readiness alone, as the
+/// others' slots still serve, and the client reconnects to it.
+async fn keepalive(shared: &Shared) -> bool {
+    match &shared.conn {
+        Conn::Single(_) => send_ping(shared).await.is_ok(),
+        Conn::Cluster(c) => {
+            let mut conn = c.clone();
+            let masters = RoutingInfo::MultiNode((
+                MultipleNodeRoutingInfo::AllMasters,
+                Some(ResponsePolicy::AllSucceeded),
+            ));
+            let pinged = conn.route_command(redis::cmd("PING"), masters);
+            matches!(
+                tokio::time::timeout(shared.config.timeout(), pinged).await,
+                Ok(Ok(_))
+            )
+        }
+    }
+}
+
+async fn ping(shared: &Shared) -> Result<(), StoreError> {
+    let answered = send_ping(shared).await;
     shared.pinged(answered.is_ok());
-    answered.map(drop)
+    answered
 }
 
 /// Pings while Redis is not answering, so readiness (and the connection)
-/// comes back without waiting for traffic, and after a call missed its
-/// deadline, to tell a hung Redis from a passing stall.
+/// comes back without waiting for traffic; after a call missed its
+/// deadline, to tell a hung Redis from a passing stall; and when the
+/// connection has been silent for [`KEEPALIVE`], so that a connection that
+/// died while the store was idle is replaced before a call needs it.
 async fn watch(shared: Weak<Shared>) {
     loop {
         let Some(s) = shared.upgrade() else { return };
         if !s.ready.load(Ordering::Relaxed) || s.suspect.swap(false, Ordering::Relaxed) {
             let _ = ping(&s).await;
+        } else if s.silent() && keepalive(&s).await {
+            // A keepalive that failed has said so already: a refused or
+            // lost connection made the store not ready, and a missed
+            // deadline made it suspect, to be pinged again at once.
+            s.pinged(true);
         }
-        // While Redis is down, calls fail at once until a ping is answered:
-        // ping often then, so that they resume soon after Redis does.
+        // While Redis refuses, calls fail at once until a ping is answered:
+        // ping often then (each ping one connection attempt, refused at
+        // once), so that they resume soon after Redis does.
         let pause = if s.ready.load(Ordering::Relaxed) {
-            Duration::from_millis(100)
+            KEEPALIVE
         } else {
-            Duration::from_millis(25)
+            Duration::from_millis(10)
         };
         drop(s);
         tokio::time::sleep(pause).await;
@@ -636,10 +804,10 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
 /// `SCRIPT FLUSH`, a new Cluster node).
 async fn eval(shared: &Shared, cmd: &Cmd) -> Result<Value, RedisError> {
     let mut conn = shared.conn.clone();
-    match cmd.query_async::<Value>(&mut conn).await {
+    match send(&mut conn, cmd, Resend::IfUnsent).await {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             script::script().load_async(&mut conn).await?;
-            cmd.query_async::<Value>(&mut conn).await
+            send(&mut conn, cmd, Resend::IfUnsent).await
         }
         r => r,
     }
@@ -808,7 +976,7 @@ impl Store for RedisStore {
             &resets::message(limit.name(), key),
         );
         let r = shared
-            .within(cmd.query_async::<Value>(&mut conn))
+            .within(send(&mut conn, &cmd, Resend::IfUnsent))
             .await
             .map(|reply| {
                 if let Err(why) = resets::announced(&reply) {

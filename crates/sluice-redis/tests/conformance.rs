@@ -28,12 +28,7 @@ async fn single_redis_conforms() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_cluster_conforms() {
     let cluster = support::RedisCluster::start(3);
-    let seeds: Vec<String> = cluster
-        .ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    let url = format!("redis+cluster://{}", seeds.join(","));
+    let url = cluster.url();
     let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
     // A cluster's first calls also discover its slots.
     let config = RedisConfig::from_url(&url)

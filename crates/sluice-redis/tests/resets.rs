@@ -35,15 +35,6 @@ fn config(url: &str) -> RedisConfig {
         .with_timeout(Duration::from_secs(2))
 }
 
-fn cluster_url(cluster: &RedisCluster) -> String {
-    let seeds: Vec<String> = cluster
-        .ports()
-        .iter()
-        .map(|p| format!("127.0.0.1:{p}"))
-        .collect();
-    format!("redis+cluster://{}", seeds.join(","))
-}
-
 /// Polls `cond` every few milliseconds until it holds, failing after
 /// [`PATIENCE`] with `what`.
 async fn eventually<F: Future<Output = bool>>(what: &str, mut cond: impl FnMut() -> F) {
@@ -177,7 +168,7 @@ async fn a_reset_by_another_store_reaches_the_deny_cache() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_reaches_stores_subscribed_to_other_cluster_nodes() {
     let cluster = RedisCluster::start(RedisCluster::DEFAULT_MASTERS);
-    let url = cluster_url(&cluster);
+    let url = cluster.url();
     let a = RedisStore::new(config(&url)).unwrap();
     let b = RedisStore::new(config(&url)).unwrap();
     let limit = slow_limit("slow");

@@ -42,7 +42,13 @@ async fn penalties_hold_exactly<S: Store + 'static>(store: S, clock: &FakeClock)
     let login = policy.named_limit("login").unwrap();
     let call = |key: &'static str, mode: Mode| {
         let enforcer = &enforcer;
-        async move { enforcer.decide_named(login, key, 1.0, mode).await.unwrap() }
+        async move {
+            enforcer
+                .decide_named(login, key, 1.0, mode)
+                .await
+                .unwrap()
+                .decision
+        }
     };
     let t0 = 1_000 * S;
     at(clock, t0);

@@ -498,3 +498,30 @@ async fn a_descriptors_limit_override_takes_the_rules_place_for_that_descriptor(
     .await;
     assert_eq!(r.statuses[0].limit_remaining, 6);
 }
+
+#[tokio::test]
+async fn an_override_per_month_or_year_is_reported_per_month_or_year() {
+    let mut c = client().await;
+    for (unit, reported) in [
+        (RateLimitUnit::Month, Unit::Month),
+        (RateLimitUnit::Year, Unit::Year),
+    ] {
+        for count in [1, 100] {
+            let mut d = descriptor(&[("user", &format!("{unit:?}-{count}"))]);
+            d.limit = Some(RateLimitOverride {
+                requests_per_unit: count,
+                unit: unit as i32,
+            });
+            let r = ask(&mut c, request("edge", vec![d], 0)).await;
+            assert_eq!(r.overall_code, Code::Ok as i32);
+            let s = &r.statuses[0];
+            assert_eq!(s.limit_remaining, count - 1, "{unit:?}");
+            let limit = s.current_limit.as_ref().unwrap();
+            assert_eq!(
+                (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+                ("per-user", count, reported as i32),
+                "{count} per {unit:?}"
+            );
+        }
+    }
+}

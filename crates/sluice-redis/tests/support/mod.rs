@@ -203,19 +203,18 @@ impl RedisServer {
     }
 
     /// Starts a server in cluster mode (not yet part of any cluster), with its
-    /// cluster bus on a second free port.
-    fn cluster_node() -> RedisServer {
-        RedisServer::launch(
-            &[
-                "--cluster-enabled",
-                "yes",
-                "--cluster-config-file",
-                "nodes.conf",
-                "--cluster-node-timeout",
-                "2000",
-            ],
-            true,
-        )
+    /// cluster bus on a second free port, and `extra` arguments.
+    pub fn start_cluster_node_with(extra: &[&str]) -> RedisServer {
+        let mut args = vec![
+            "--cluster-enabled",
+            "yes",
+            "--cluster-config-file",
+            "nodes.conf",
+            "--cluster-node-timeout",
+            "2000",
+        ];
+        args.extend_from_slice(extra);
+        RedisServer::launch(&args, true)
     }
 
     /// Spawns until a server is up, with a new port (and directory) whenever
@@ -436,7 +435,9 @@ impl RedisCluster {
             masters >= 3,
             "redis-cli --cluster create needs at least 3 masters, not {masters}"
         );
-        let nodes: Vec<RedisServer> = (0..masters).map(|_| RedisServer::cluster_node()).collect();
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| RedisServer::start_cluster_node_with(&[]))
+            .collect();
         let cluster = RedisCluster { nodes };
         cluster.create();
         cluster.wait_healthy();
@@ -523,6 +524,17 @@ impl RedisCluster {
         self.nodes.iter().map(RedisServer::url).collect()
     }
 
+    /// The store's URL for the cluster, every node a seed:
+    /// `redis+cluster://127.0.0.1:PORT,...`.
+    pub fn url(&self) -> String {
+        let seeds: Vec<String> = self
+            .ports()
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!("redis+cluster://{}", seeds.join(","))
+    }
+
     /// The client ports of all nodes.
     pub fn ports(&self) -> Vec<u16> {
         self.nodes.iter().map(RedisServer::port).collect()
@@ -532,4 +544,151 @@ impl RedisCluster {
     pub fn nodes_mut(&mut self) -> &mut [RedisServer] {
         &mut self.nodes
     }
+}
+
+/// A Redis Cluster of one master, holding every slot, that tells clients
+/// to reach it at `announce_port` on 127.0.0.1 (where a [`ReplyDropper`]
+/// listens), so that every connection a cluster client makes to it goes
+/// through that port.
+pub fn one_node_cluster_announcing(announce_port: u16) -> RedisServer {
+    let node = RedisServer::start_cluster_node_with(&[
+        "--cluster-announce-ip",
+        "127.0.0.1",
+        "--cluster-announce-port",
+        &announce_port.to_string(),
+    ]);
+    let added = command(node.port(), &["CLUSTER", "ADDSLOTSRANGE", "0", "16383"])
+        .unwrap_or_else(|e| panic!("CLUSTER ADDSLOTSRANGE: {e}"));
+    assert_eq!(added, "+OK\r\n", "CLUSTER ADDSLOTSRANGE");
+    let deadline = Instant::now() + CLUSTER_TIMEOUT;
+    loop {
+        let info = command(node.port(), &["CLUSTER", "INFO"]).unwrap_or_default();
+        if info.contains("cluster_state:ok\r\n") {
+            return node;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a one-node cluster was not ok within {CLUSTER_TIMEOUT:?}:\n{info}"
+        );
+        thread::sleep(POLL);
+    }
+}
+
+/// A TCP proxy on a free loopback port in front of `127.0.0.1:target`
+/// that, once armed, lets the next request holding `EVALSHA` through and
+/// then, as soon as Redis answers it, closes the client's connection
+/// without passing the answer on: a script that ran, whose reply was lost
+/// with its connection. Dropping it stops it.
+pub struct ReplyDropper {
+    port: u16,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    stop: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl ReplyDropper {
+    /// Listens on a free port; forwards to `target` once [`ReplyDropper::to`]
+    /// names it.
+    pub fn listen() -> (ReplyDropper, TcpListener) {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+            .unwrap_or_else(|e| panic!("cannot bind a proxy port: {e}"));
+        let port = listener.local_addr().map(|a| a.port()).unwrap_or(0);
+        let proxy = ReplyDropper {
+            port,
+            armed: Default::default(),
+            dropped: Default::default(),
+            stop: Default::default(),
+        };
+        (proxy, listener)
+    }
+
+    /// Starts forwarding what `listener` accepts to `127.0.0.1:target`.
+    pub fn forward(&self, listener: TcpListener, target: u16) {
+        let (armed, dropped, stop) = (self.armed.clone(), self.dropped.clone(), self.stop.clone());
+        thread::spawn(move || {
+            for client in listener.incoming() {
+                if stop.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                let (Ok(client), Ok(server)) =
+                    (client, TcpStream::connect((Ipv4Addr::LOCALHOST, target)))
+                else {
+                    continue;
+                };
+                pump(client, server, armed.clone(), dropped.clone());
+            }
+        });
+    }
+
+    /// The port clients reach the node through.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// Drops the reply to the next script call.
+    pub fn arm(&self) {
+        self.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// How many replies it has dropped.
+    pub fn dropped(&self) -> usize {
+        self.dropped.load(std::sync::atomic::Ordering::SeqCst)
+    }
+}
+
+impl Drop for ReplyDropper {
+    fn drop(&mut self) {
+        self.stop.store(true, std::sync::atomic::Ordering::SeqCst);
+        // Wakes the accept loop, which then sees `stop`.
+        let _ = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port));
+    }
+}
+
+/// Copies bytes both ways between `client` and `server` on two threads,
+/// dropping the connection instead of a script call's reply when armed.
+fn pump(
+    client: TcpStream,
+    server: TcpStream,
+    armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use std::sync::atomic::Ordering::SeqCst;
+    let doomed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (Ok(mut from_client), Ok(mut to_server)) = (client.try_clone(), server.try_clone()) else {
+        return;
+    };
+    let marked = doomed.clone();
+    thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from_client.read(&mut buf) {
+            let chunk = &buf[..n];
+            if to_server.write_all(chunk).is_err() {
+                break;
+            }
+            // Marked once the call is on its way, so that no earlier reply
+            // can end the connection before Redis has it.
+            if chunk.windows(7).any(|w| w.eq_ignore_ascii_case(b"EVALSHA"))
+                && armed.swap(false, SeqCst)
+            {
+                marked.store(true, SeqCst);
+            }
+        }
+        let _ = to_server.shutdown(std::net::Shutdown::Both);
+    });
+    let (mut from_server, mut to_client) = (server, client);
+    thread::spawn(move || {
+        let mut buf = [0u8; 16 * 1024];
+        while let Ok(n @ 1..) = from_server.read(&mut buf) {
+            if doomed.load(SeqCst) {
+                // Redis has answered the script call: it ran.
+                dropped.fetch_add(1, SeqCst);
+                break;
+            }
+            if to_client.write_all(&buf[..n]).is_err() {
+                break;
+            }
+        }
+        let _ = to_client.shutdown(std::net::Shutdown::Both);
+        let _ = from_server.shutdown(std::net::Shutdown::Both);
+    });
 }

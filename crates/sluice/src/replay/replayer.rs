@@ -192,13 +192,17 @@ impl<S: Store + 'static> Replayer<S> {
                                 self.named.insert(id, held);
                             }
                         }
-                        Ok(d)
+                        Ok(d.decision)
                     }
-                    Ok((d, None)) => Ok(d),
+                    Ok((d, None)) => Ok(d.decision),
                     Err(e) => Err(e),
                 }
             }
-            None => self.enforcer.decide_named(named, key, count, mode).await,
+            None => self
+                .enforcer
+                .decide_named(named, key, count, mode)
+                .await
+                .map(|d| d.decision),
         };
         let line = match result {
             // A refund admits nothing: it is no call to count.

@@ -20,8 +20,8 @@ use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Algorithm, Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
-use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{PROBLEM_JSON, Problem, each_rate_limit_header};
+use sluice_engine::{Enforcer, NamedDecision, Verdict};
+use sluice_http::{PROBLEM_JSON, Problem, degraded, each_rate_limit_header};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
@@ -299,6 +299,9 @@ struct Answer {
     remaining: u64,
     retry_after: Option<f64>,
     reset: f64,
+    /// `fail_open` on a decision made without the store; absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<&'static str>,
 }
 
 impl From<Decision> for Answer {
@@ -309,18 +312,29 @@ impl From<Decision> for Answer {
             remaining: d.remaining,
             retry_after: d.retry_after,
             reset: d.reset,
+            degraded: None,
+        }
+    }
+}
+
+impl From<NamedDecision> for Answer {
+    fn from(d: NamedDecision) -> Answer {
+        Answer {
+            degraded: d.without_store.map(degraded),
+            ..Answer::from(d.decision)
         }
     }
 }
 
 /// 200 when allowed, 429 when not, with the decision as JSON.
-fn answer(d: Decision) -> Response {
-    let status = if d.allowed {
+fn answer(d: impl Into<Answer>) -> Response {
+    let answer = d.into();
+    let status = if answer.allowed {
         StatusCode::OK
     } else {
         StatusCode::TOO_MANY_REQUESTS
     };
-    json_response(status, &Answer::from(d))
+    json_response(status, &answer)
 }
 
 /// `value` as a JSON response. Written into a `Vec` sized for a decision
@@ -586,7 +600,7 @@ async fn acquire<C: Clock + Send + Sync + 'static>(
     let lease_secs = c.lease().as_secs_f64();
     match s.enforcer.acquire_named(&named, &a.key, count).await {
         Ok((d, held)) => {
-            let status = if d.allowed {
+            let status = if d.decision.allowed {
                 StatusCode::OK
             } else {
                 StatusCode::TOO_MANY_REQUESTS
@@ -752,6 +766,10 @@ struct DecideAnswer {
     shadow_denied: Vec<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     error: Option<String>,
+    /// `fail_open` or `fail_closed` on a verdict made without the store;
+    /// absent otherwise.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    degraded: Option<&'static str>,
     headers: BTreeMap<String, String>,
 }
 
@@ -811,6 +829,7 @@ fn decided(v: &Verdict) -> Response {
         reset: d.map(|d| d.decision.reset),
         shadow_denied: v.shadow_denied().map(str::to_owned).collect(),
         error: error.filter(|_| v.refusal.is_some()),
+        degraded: v.without_store.map(degraded),
         headers,
     };
     (status, axum::Json(answer)).into_response()

@@ -21,11 +21,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
     RateLimitService, RateLimitServiceServer,
 };
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
-use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
-use envoy_types::pb::google::protobuf::Duration as PbDuration;
+use envoy_types::pb::google::protobuf::value::Kind;
+use envoy_types::pb::google::protobuf::{Duration as PbDuration, Struct, Value};
 use sluice_core::{Algorithm, Clock, Decision, Outcome, Settle, Store};
 use sluice_engine::{Enforcer, Verdict};
-use sluice_http::{PROBLEM_JSON, denial, each_rate_limit_header};
+use sluice_http::{PROBLEM_JSON, degraded, denial, each_rate_limit_header};
 use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
 use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
@@ -205,15 +205,10 @@ fn overriding<S: Store + 'static>(
             .increment(1);
         None
     };
-    let (unit, secs) = match RateLimitUnit::try_from(o.unit) {
-        Ok(RateLimitUnit::Second) => ("second", 1),
-        Ok(RateLimitUnit::Minute) => ("minute", 60),
-        Ok(RateLimitUnit::Hour) => ("hour", 3_600),
-        Ok(RateLimitUnit::Day) => ("day", 86_400),
-        // As Envoy's reference service counts them.
-        Ok(RateLimitUnit::Month) => ("month", 30 * 86_400),
-        Ok(RateLimitUnit::Year) => ("year", 365 * 86_400),
-        Ok(RateLimitUnit::Unknown) | Err(_) => return ignored("no known unit"),
+    // An override's `RateLimitUnit` numbers its units as an answer's
+    // `Unit` does.
+    let Some(&(_, unit, secs)) = UNITS.iter().find(|(u, ..)| *u as i32 == o.unit) else {
+        return ignored("no known unit");
     };
     let limit = rule.limit();
     let mut config = serde_json::json!({"rate": o.requests_per_unit, "period": secs});
@@ -279,7 +274,9 @@ fn hits_of(d: &RateLimitDescriptor, request_hits: u32) -> f64 {
 }
 
 /// The answer: a status per descriptor, in order, and the headers the HTTP
-/// middleware would have set for the whole request.
+/// middleware would have set for the whole request (`Sluice-Degraded`
+/// among them when the verdict was made without the store, which the
+/// dynamic metadata's `degraded` says too, for Envoy's access log).
 fn response(
     req: &RateLimitRequest,
     hits: &[RuleHit<'_>],
@@ -334,11 +331,22 @@ fn response(
     } else {
         Code::OverLimit
     };
+    let dynamic_metadata = verdict.without_store.map(|how| Struct {
+        fields: [(
+            "degraded".to_owned(),
+            Value {
+                kind: Some(Kind::StringValue(degraded(how).to_owned())),
+            },
+        )]
+        .into_iter()
+        .collect(),
+    });
     RateLimitResponse {
         overall_code: overall as i32,
         statuses,
         response_headers_to_add,
         raw_body,
+        dynamic_metadata,
         ..RateLimitResponse::default()
     }
 }
@@ -411,8 +419,21 @@ fn refund_status<'a, 'h: 'a>(
     }
 }
 
+/// Envoy's units of time: the name an override's state is named with, and
+/// the seconds in each, as Envoy's reference service counts them (a month
+/// is 30 days, a year 365). Not WEEK, which Envoy learned only lately: an
+/// older one would not know the unit it was told a rate in.
+const UNITS: [(Unit, &str, u32); 6] = [
+    (Unit::Second, "second", 1),
+    (Unit::Minute, "minute", 60),
+    (Unit::Hour, "hour", 3_600),
+    (Unit::Day, "day", 86_400),
+    (Unit::Month, "month", 30 * 86_400),
+    (Unit::Year, "year", 365 * 86_400),
+];
+
 /// The rule's rate in Envoy's terms: whole requests per second, minute,
-/// hour or day. The smallest unit that states the rate exactly wins; a rate
+/// hour, day, month or year. The smallest unit that states the rate exactly wins; a rate
 /// no unit states exactly is rounded down in the first unit where it is at
 /// least one, so Envoy never advertises more than the rule admits.
 fn current_limit(hit: &RuleHit<'_>) -> RateLimit {
@@ -435,24 +456,19 @@ fn current_limit(hit: &RuleHit<'_>) -> RateLimit {
 }
 
 fn per_unit(per_sec: f64) -> (u32, Unit) {
-    const UNITS: [(Unit, f64); 4] = [
-        (Unit::Second, 1.0),
-        (Unit::Minute, 60.0),
-        (Unit::Hour, 3600.0),
-        (Unit::Day, 86_400.0),
-    ];
-    let count = |secs: f64| per_sec * secs;
-    let exact = UNITS.iter().find(|(_, secs)| {
-        let n = count(*secs);
-        n >= 1.0 && (n - n.round()).abs() <= 1e-9 * n
+    let count = |secs: u32| per_sec * f64::from(secs);
+    // A rate given per unit comes back from per second a rounding off.
+    let exact = UNITS.iter().find(|&&(_, _, secs)| {
+        let n = count(secs);
+        n.round() >= 1.0 && (n - n.round()).abs() <= 1e-9 * n
     });
     let (unit, n) = match exact {
-        Some(&(unit, secs)) => (unit, count(secs).round()),
+        Some(&(unit, _, secs)) => (unit, count(secs).round()),
         None => {
-            let &(unit, secs) = UNITS
+            let &(unit, _, secs) = UNITS
                 .iter()
-                .find(|(_, secs)| count(*secs) >= 1.0)
-                .unwrap_or(&UNITS[3]);
+                .find(|&&(_, _, secs)| count(secs) >= 1.0)
+                .unwrap_or(&UNITS[UNITS.len() - 1]);
             (unit, count(secs).floor())
         }
     };
@@ -480,10 +496,14 @@ mod tests {
         assert_eq!(per_unit(0.5), (30, Unit::Minute));
         assert_eq!(per_unit(3.5), (210, Unit::Minute));
         assert_eq!(per_unit(1.0 / 86_400.0), (1, Unit::Day));
+        assert_eq!(per_unit(1.0 / (30.0 * 86_400.0)), (1, Unit::Month));
+        assert_eq!(per_unit(100.0 / (365.0 * 86_400.0)), (100, Unit::Year));
         // 1/7 per second is no whole number in any unit: rounded down in
         // the first unit that reaches one.
         assert_eq!(per_unit(1.0 / 7.0), (8, Unit::Minute));
-        assert_eq!(per_unit(1e-9), (0, Unit::Day));
+        // Once a week: about 4.3 a month, never more than the rule admits.
+        assert_eq!(per_unit(1.0 / (7.0 * 86_400.0)), (4, Unit::Month));
+        assert_eq!(per_unit(1e-12), (0, Unit::Year));
         assert_eq!(per_unit(1e12), (u32::MAX, Unit::Second));
     }
 

@@ -98,17 +98,22 @@ pub(crate) fn in_pieces(pieces: Vec<Vec<u8>>) -> Body {
 /// Starts `sluice serve` on free ports and waits until it is ready; returns
 /// the process, the HTTP base URL and the gRPC address.
 pub(crate) async fn spawn_serve(policy: &Path) -> (Process, String, String) {
-    spawn_serve_with(policy, &[]).await
+    spawn_serve_until(policy, &[], "/readyz").await
 }
 
-/// [`spawn_serve`] with more arguments.
-pub(crate) async fn spawn_serve_with(policy: &Path, more: &[&str]) -> (Process, String, String) {
+/// [`spawn_serve`] with `extra` arguments, waiting until `probe` answers
+/// 200 (`/healthz` for a server that cannot be ready).
+pub(crate) async fn spawn_serve_until(
+    policy: &Path,
+    extra: &[&str],
+    probe: &str,
+) -> (Process, String, String) {
     let (args, http, grpc) = serve_args(policy);
-    let server = Process(sluice().args(args).args(more).spawn().unwrap());
+    let server = Process(sluice().args(args).args(extra).spawn().unwrap());
     let base = format!("http://{http}");
     let client = reqwest::Client::new();
     eventually(PATIENCE, "the server to start", async || {
-        let r = client.get(format!("{base}/readyz")).send().await;
+        let r = client.get(format!("{base}{probe}")).send().await;
         r.is_ok_and(|r| r.status() == 200)
     })
     .await;
