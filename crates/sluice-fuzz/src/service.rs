@@ -27,6 +27,7 @@ pub(crate) fn state() -> Arc<AppState<FakeClock>> {
     Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy.clone(), AnyStore::Memory(store))),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
+        api_token: None,
         metrics: None,
         reload_error: Default::default(),
         dashboard: None,
