@@ -5,7 +5,7 @@ use tower::ServiceExt;
 use crate::service::{ADMIN_TOKEN, block_on, state};
 
 /// The endpoints, chosen by the input's first byte: `'0'` is the first.
-const ENDPOINTS: [(Method, &str); 8] = [
+pub(crate) const ENDPOINTS: [(Method, &str); 8] = [
     (Method::POST, "/v1/limit"),
     (Method::POST, "/v1/check"),
     (Method::POST, "/v1/reset"),
@@ -18,7 +18,9 @@ const ENDPOINTS: [(Method, &str); 8] = [
 
 /// Sends one request to the decision API of `sluice serve` ([`sluice::serve::app`]),
 /// in process, over the fuzzing policy and an empty in-memory store, then the
-/// same request again, which meets the state the first one left.
+/// same request again, which meets the state the first one left. The request
+/// is a service's: JSON, with the admin token (which does whatever the API
+/// token does); [`api_calls`](crate::api_calls) varies who calls.
 ///
 /// The first byte picks the endpoint: `0` `/v1/limit`, `1` `/v1/check`, `2`
 /// `/v1/reset` (with the admin token), `3` `/v1/decide`, `4` `/v1/value`,
@@ -67,7 +69,7 @@ pub fn api(data: &[u8]) {
 /// `bytes` as a URI query: what RFC 3986 allows there is kept as it is,
 /// `%` included so that malformed escapes reach the parser, and every other
 /// byte is percent-encoded.
-fn query(bytes: &[u8]) -> String {
+pub(crate) fn query(bytes: &[u8]) -> String {
     let mut out = String::with_capacity(bytes.len());
     for &b in bytes {
         let allowed = b.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=:@/?%".contains(&b);

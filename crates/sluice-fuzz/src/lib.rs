@@ -13,6 +13,7 @@
 //! | `client_ip` | [`client_ip`]     | a peer address, then forwarding header lines      |
 //! | `jwt`       | [`jwt`]           | an `Authorization` value or a bare token          |
 //! | `api`       | [`api`]           | an endpoint digit, then a JSON body or a query    |
+//! | `api_calls` | [`api_calls`]     | lines: endpoint, caller, then a body or a query   |
 //! | `rls`       | [`rls`]           | a protobuf `RateLimitRequest`                     |
 
 // A harness reports a broken property by panicking: that is how libFuzzer
@@ -20,6 +21,7 @@
 #![allow(clippy::panic, clippy::expect_used)]
 
 mod api;
+mod api_calls;
 mod client_ip;
 mod jwt;
 mod policy;
@@ -27,6 +29,7 @@ mod rls;
 mod service;
 
 pub use api::api;
+pub use api_calls::api_calls;
 pub use client_ip::client_ip;
 pub use jwt::jwt;
 pub use policy::policy;
@@ -36,10 +39,11 @@ pub use rls::rls;
 pub type Target = fn(&[u8]);
 
 /// The targets by name, as cargo-fuzz and the corpus directories name them.
-pub const TARGETS: [(&str, Target); 5] = [
+pub const TARGETS: [(&str, Target); 6] = [
     ("policy", policy),
     ("client_ip", client_ip),
     ("jwt", jwt),
     ("api", api),
+    ("api_calls", api_calls),
     ("rls", rls),
 ];

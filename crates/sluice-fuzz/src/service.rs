@@ -12,6 +12,9 @@ use sluice_policy::Policy;
 /// The token `/v1/reset` asks for.
 pub(crate) const ADMIN_TOKEN: &str = "fuzz-admin-token";
 
+/// The token the privileged parts of a call ask for.
+pub(crate) const API_TOKEN: &str = "fuzz-api-token";
+
 const POLICY: &str = include_str!("policy.yaml");
 
 /// 2023-11-14, so that fixed windows have a realistic alignment.
@@ -27,6 +30,7 @@ pub(crate) fn state() -> Arc<AppState<FakeClock>> {
     Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy.clone(), AnyStore::Memory(store))),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
+        api_token: Some(API_TOKEN.to_owned()),
         metrics: None,
         reload_error: Default::default(),
         dashboard: None,

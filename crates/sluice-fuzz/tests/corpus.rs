@@ -88,6 +88,11 @@ fn api_seeds_and_crashes_replay_without_a_failure() {
 }
 
 #[test]
+fn api_calls_seeds_and_crashes_replay_without_a_failure() {
+    assert!(replay("api_calls") > 0);
+}
+
+#[test]
 fn rls_seeds_and_crashes_replay_without_a_failure() {
     assert!(replay("rls") > 0);
 }

@@ -131,7 +131,11 @@ async fn main() -> anyhow::Result<()> {
                 let mut seen = Vec::new();
                 while !stop.load(Ordering::Relaxed) {
                     let sent = start.elapsed();
-                    let status = match client.post(&url).body(body).send().await {
+                    let call = client
+                        .post(&url)
+                        .header("content-type", "application/json")
+                        .body(body);
+                    let status = match call.send().await {
                         Ok(r) => r.status().as_u16(),
                         Err(_) => 0,
                     };

@@ -227,7 +227,13 @@ async fn the_dashboard_shows_its_counters_rising_while_load_runs() {
             let mut i = 0u64;
             while running.load(Ordering::Relaxed) {
                 let body = format!(r#"{{"limit": "sendMessage", "key": "user-{}"}}"#, i % 5);
-                client.post(&url).body(body).send().await.unwrap();
+                client
+                    .post(&url)
+                    .header("content-type", "application/json")
+                    .body(body)
+                    .send()
+                    .await
+                    .unwrap();
                 sent.fetch_add(1, Ordering::Relaxed);
                 i += 1;
             }

@@ -283,7 +283,7 @@ async fn sigterm_with_a_stalled_request_in_flight_exits_once_the_shutdown_timeou
     stream
         .write_all(
             b"POST /v1/limit HTTP/1.1\r\nhost: sluice\r\nexpect: 100-continue\r\n\
-              transfer-encoding: chunked\r\n\r\n",
+              content-type: application/json\r\ntransfer-encoding: chunked\r\n\r\n",
         )
         .await
         .unwrap();

@@ -48,6 +48,7 @@ fn state(token: Option<&str>) -> Arc<AppState> {
         dashboard: Some(Dashboard::start(&enforcer, Some("policy.yaml".into()))),
         enforcer,
         admin_token: token.map(str::to_owned),
+        api_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
     })
@@ -74,6 +75,9 @@ async fn send_to(
     auth: Option<&str>,
 ) -> (u16, http::HeaderMap, Vec<u8>) {
     let mut req = http::Request::builder().method(method).uri(uri);
+    if method == "POST" {
+        req = req.header("content-type", "application/json");
+    }
     if let Some(a) = auth {
         req = req.header("authorization", a);
     }

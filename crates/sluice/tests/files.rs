@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
-use support::serve::{POLICY, check_send_message, spawn_serve_until};
+use support::serve::{POLICY, check_send_message, spawn_serve_with};
 use support::{PATIENCE, eventually, free_port, sluice};
 
 /// A FIFO at `dir/name`, made as a user would with `mkfifo`.
@@ -159,7 +159,7 @@ async fn a_server_whose_policy_goes_missing_then_becomes_a_fifo_answers_says_why
     };
 
     let (mut server, base, _) =
-        spawn_serve_until(&policy, &["--shutdown-timeout", "3s"], "/readyz").await;
+        spawn_serve_with(&policy, &["--shutdown-timeout", "3s"], &[], "/readyz").await;
     // A server that stopped answering fails the test instead of hanging it.
     let client = reqwest::Client::builder()
         .timeout(PATIENCE)

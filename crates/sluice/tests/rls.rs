@@ -78,6 +78,7 @@ async fn client() -> RateLimitServiceClient<Channel> {
     let state = Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
         admin_token: None,
+        api_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
         dashboard: None,

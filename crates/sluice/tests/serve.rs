@@ -375,6 +375,7 @@ async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
     let s = Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy, store).with_max_inline_limits(2)),
         admin_token: None,
+        api_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
         dashboard: None,
@@ -633,6 +634,7 @@ async fn the_binary_serves_on_a_real_port_and_keeps_the_old_policy_when_a_reload
     let limit = |key: &str, count: u32| {
         client
             .post(format!("{base}/v1/limit"))
+            .header("content-type", "application/json")
             .body(format!(
                 r#"{{"limit": "sendMessage", "key": "{key}", "count": {count}}}"#
             ))
@@ -900,6 +902,7 @@ limits:
     let s = Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy, store)),
         admin_token: None,
+        api_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
         dashboard: None,
@@ -992,4 +995,185 @@ async fn flags_can_be_set_through_the_environment() {
     let body: serde_json::Value = res.json().await.unwrap();
     assert_eq!(body["limit"], 2);
     assert!(std::net::TcpStream::connect(("127.0.0.1", grpc)).is_ok());
+}
+
+/// A limit brought inline is, once brought, known by its name to every
+/// call: `/v1/check` found only the policy's (a 404), while `/v1/value`,
+/// `/v1/reset` and `/v1/refund` found it.
+#[tokio::test]
+async fn a_limit_brought_inline_is_known_by_name_to_check_limit_value_and_refund() {
+    let s = state_of("limits: {}", Some("s3cret"));
+    let bring = serde_json::json!({"limit": "monthly", "key": "org-7", "count": 3,
+        "algorithm": "fixed_window", "algorithm_config": {"rate": 10, "period": "30d", "start": 0}});
+    let (status, _, d) = call(&s, "POST", "/v1/limit", bring.to_string(), None).await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(7)), "{d}");
+    let by_name = |count: u32| {
+        serde_json::json!({"limit": "monthly", "key": "org-7", "count": count}).to_string()
+    };
+    let (status, _, d) = call(&s, "POST", "/v1/check", by_name(2), None).await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(5)), "{d}");
+    let (status, _, d) = call(&s, "POST", "/v1/limit", by_name(2), None).await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(5)), "{d}");
+    let (status, _, d) = call(&s, "POST", "/v1/refund", by_name(1), None).await;
+    assert_eq!((status, d["remaining"].as_u64()), (200, Some(6)), "{d}");
+    let (status, _, d) = get(&s, "/v1/value?limit=monthly&key=org-7").await;
+    assert_eq!((status, &d["tokens"]), (200, &6.0.into()), "{d}");
+    // A name no call has brought is still unknown.
+    let nope = serde_json::json!({"limit": "yearly", "key": "org-7"}).to_string();
+    assert_eq!(call(&s, "POST", "/v1/check", nope, None).await.0, 404);
+}
+
+/// `/v1/check` answers what `/v1/limit` would: `remaining` is what the key
+/// would hold had the call been taken, and the key is left as it was.
+#[tokio::test]
+async fn a_check_reports_what_would_remain_were_the_call_taken_and_takes_nothing() {
+    let s = state(None);
+    let ask = serde_json::json!({"limit": "sendMessage", "key": "u1", "count": 1}).to_string();
+    let (status, _, d) = call(&s, "POST", "/v1/check", ask, None).await;
+    assert_eq!(
+        (status, &d["limit"], &d["remaining"]),
+        (200, &2.into(), &1.into())
+    );
+    let (_, _, v) = get(&s, "/v1/value?limit=sendMessage&key=u1").await;
+    assert_eq!((&v["tokens"], &v["remaining"]), (&2.0.into(), &2.0.into()));
+}
+
+/// `/v1/decide` takes a request event as `sluice replay` reads it: the
+/// README's own line, `t` and all (the server decides at its own time).
+#[tokio::test]
+async fn decide_takes_a_request_event_as_the_replay_docs_write_it() {
+    let readme = include_str!("../../../README.md");
+    let event = readme
+        .lines()
+        .find(|l| l.starts_with(r#"{"t":"#) && l.contains(r#""ip":"#))
+        .expect("the README shows a request event");
+    let s = state(None);
+    let (status, ctype, d) = call(&s, "POST", "/v1/decide", event.to_owned(), None).await;
+    assert_eq!(
+        (status, ctype.as_str()),
+        (200, "application/json"),
+        "{event}: {d}"
+    );
+    assert_eq!(d["rule"], "per-ip", "{d}");
+    // `t` is a time: a number, as replay reads it.
+    let mut wrong: serde_json::Value = serde_json::from_str(event).unwrap();
+    wrong["t"] = "soon".into();
+    let (status, _, d) = call(&s, "POST", "/v1/decide", wrong.to_string(), None).await;
+    assert_eq!(status, 400, "{d}");
+    // Nothing here learns when the request's work ends, so no slot is held
+    // for a `duration`: one is refused rather than ignored.
+    let mut held: serde_json::Value = serde_json::from_str(event).unwrap();
+    held["duration"] = 2.5.into();
+    let (status, _, d) = call(&s, "POST", "/v1/decide", held.to_string(), None).await;
+    assert_eq!(status, 400, "{d}");
+    assert!(d["detail"].as_str().unwrap().contains("duration"), "{d}");
+}
+
+/// An error names what was wrong with a call, but quotes at most a short
+/// prefix of any value the client sent: a 300-digit count, a name or a
+/// field of thousands of characters, come back cut, wherever they are
+/// quoted (the API's own messages, the JSON parser's, the store's, the
+/// query's, a decision's).
+#[tokio::test]
+async fn an_error_quotes_only_a_bounded_prefix_of_what_the_client_sent() {
+    let s = state_of(
+        "limits:\n  llm:\n    algorithm: token_bucket\n    algorithm_config: {rate: 1000, period: 1m}\n\
+         rules:\n  - name: per-key\n    limit_keys: [\"header:x-key\"]\n    algorithm: token_bucket\n    \
+         algorithm_config: {rps: 1, cost_source: \"header:x-cost\"}\n",
+        Some("s3cret"),
+    );
+    let digits = format!("1{}", "0".repeat(299));
+    let long = "a".repeat(5000);
+    let spaced = "a ".repeat(5000);
+    let cases: Vec<(&str, &str, String)> = vec![
+        // The count as written: 2^53 is the bound, so the API refuses it.
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "llm", "key": "k", "count": {digits}, "force": true}}"#),
+        ),
+        (
+            "POST",
+            "/v1/refund",
+            format!(r#"{{"limit": "llm", "key": "k", "count": {digits}.5}}"#),
+        ),
+        // A count the store refuses, written out in full by a float's Display.
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "llm", "key": "k", "count": {digits}.0}}"#),
+        ),
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "{long}", "key": "k"}}"#),
+        ),
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "{spaced}", "key": "k"}}"#),
+        ),
+        (
+            "POST",
+            "/v1/check",
+            format!(r#"{{"limit": "llm", "key": "k", "{spaced}": 1}}"#),
+        ),
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "llm", "key": "k", "count": "{spaced}"}}"#),
+        ),
+        (
+            "POST",
+            "/v1/limit",
+            format!(
+                r#"{{"limit": "{long}", "key": "k", "algorithm": "token_bucket", "algorithm_config": {{"rps": 1}}}}"#
+            ),
+        ),
+        (
+            "POST",
+            "/v1/limit",
+            format!(r#"{{"limit": "x", "key": "k", "algorithm": "{long}"}}"#),
+        ),
+        (
+            "POST",
+            "/v1/acquire",
+            format!(r#"{{"limit": "{long}", "key": "k"}}"#),
+        ),
+        (
+            "POST",
+            "/v1/reset",
+            format!(r#"{{"limit": "{spaced}", "key": "k"}}"#),
+        ),
+        ("GET", "/v1/value", format!("limit={long}&key=k")),
+        ("GET", "/v1/value", format!("limit=llm&key=k&{long}=1")),
+    ];
+    for (method, path, input) in cases {
+        let (uri, body) = match method {
+            "GET" => (format!("{path}?{input}"), String::new()),
+            _ => (path.to_owned(), input.clone()),
+        };
+        let (status, ctype, d) = call(&s, method, &uri, body, Some("Bearer s3cret")).await;
+        let shown = &input[..input.len().min(80)];
+        assert!((400..500).contains(&status), "{path} {shown}: {status}");
+        assert_eq!(ctype, "application/problem+json", "{path} {shown}");
+        let detail = d["detail"].as_str().unwrap();
+        assert!(detail.chars().count() <= 400, "{path} {shown}: {detail}");
+        assert!(
+            detail.contains('…'),
+            "{path} {shown}: the cut is shown: {detail}"
+        );
+        for value in [&digits, &long, &spaced] {
+            assert!(!detail.contains(&value[..80]), "{path} {shown}: {detail}");
+        }
+    }
+    // A decision's error is bounded the same way: a cost of 300 digits.
+    let event = serde_json::json!({"headers": {"x-key": "k", "x-cost": format!("{digits}.0")}});
+    let (status, _, d) = call(&s, "POST", "/v1/decide", event.to_string(), None).await;
+    assert_eq!(status, 400, "{d}");
+    let error = d["error"].as_str().unwrap();
+    assert!(
+        error.chars().count() <= 400 && error.contains('…'),
+        "{error}"
+    );
 }

@@ -100,6 +100,7 @@ async fn four_servers_sharing_one_redis_admit_a_sliding_logs_rate_and_never_more
                     let sent = Instant::now();
                     let res = client
                         .post(format!("{base}/v1/limit"))
+                        .header("content-type", "application/json")
                         .body(r#"{"limit": "chat", "key": "room"}"#)
                         .send()
                         .await
@@ -176,6 +177,7 @@ async fn post(
 ) -> (u16, serde_json::Value) {
     let res = client
         .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
         .body(body.to_owned())
         .send()
         .await

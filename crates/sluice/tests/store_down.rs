@@ -15,7 +15,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::google::protobuf::value::Kind;
 use support::proxy::spawn_proxy;
-use support::serve::spawn_serve_until;
+use support::serve::spawn_serve_with;
 use support::upstream::start_upstream;
 use support::{Process, free_port, get_text, metric, policy_file};
 
@@ -55,7 +55,7 @@ rules:
 async fn serve_without_redis() -> (Process, tempfile::TempDir, String, String) {
     let (dir, path) = policy_file(POLICY);
     let store = format!("redis://127.0.0.1:{}", free_port());
-    let (server, base, grpc) = spawn_serve_until(&path, &["--store", &store], "/healthz").await;
+    let (server, base, grpc) = spawn_serve_with(&path, &["--store", &store], &[], "/healthz").await;
     (server, dir, base, grpc)
 }
 

@@ -24,7 +24,7 @@ use sluice_core::{Clock, Store};
 use sluice_engine::{Enforcer, quota_window};
 use sluice_policy::{Policy, readable_key};
 
-use crate::server::{AnyStore, holds_admin_token, problem, ready};
+use crate::server::{AnyStore, holds_token, is_address, problem, ready};
 use history::History;
 
 /// The path of the page.
@@ -279,22 +279,6 @@ async fn sample<S: Store + 'static>(
     }
 }
 
-/// Whether a `Host` header names an IP address or `localhost`, with or
-/// without a port.
-fn is_address(host: &str) -> bool {
-    let name = match host.strip_prefix('[') {
-        Some(v6) => match v6.split_once(']') {
-            Some((addr, rest)) if rest.is_empty() || rest.starts_with(':') => addr,
-            _ => return false,
-        },
-        None => match host.rsplit_once(':') {
-            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
-            _ => host,
-        },
-    };
-    name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok()
-}
-
 /// `t` in seconds since the Unix epoch.
 fn unix(t: SystemTime) -> f64 {
     t.duration_since(SystemTime::UNIX_EPOCH)
@@ -321,7 +305,7 @@ fn unauthorized(token: Option<&str>, headers: &HeaderMap) -> Option<Response> {
                 .into(),
         ));
     };
-    if holds_admin_token(token, headers, true) {
+    if holds_token(token, headers, true) {
         return None;
     }
     let mut res = problem(

@@ -12,8 +12,8 @@ use std::task::{Context, Poll};
 
 use axum::Router;
 use axum::body::{Body, Bytes};
-use axum::extract::{Query, State};
-use axum::http::{HeaderMap, HeaderValue, Method, Request, StatusCode, header};
+use axum::extract::{Query, Request, State};
+use axum::http::{HeaderMap, HeaderValue, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get, post};
 use bytes::BytesMut;
@@ -26,7 +26,10 @@ use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
 use crate::dashboard::{self, Dashboard};
-use crate::server::{AnyStore, Metrics, holds_admin_token, metrics_page, problem, readiness};
+use crate::server::{
+    AnyStore, Metrics, clip, foreign_page, holds_token, is_json, metrics_page, not_json, problem,
+    readiness,
+};
 
 /// The largest request body accepted; a decision needs far less.
 pub const MAX_BODY: usize = 64 * 1024;
@@ -35,8 +38,13 @@ pub const MAX_BODY: usize = 64 * 1024;
 pub struct AppState<C = SystemClock> {
     /// The policy and the store.
     pub enforcer: Arc<Enforcer<AnyStore<C>>>,
-    /// The token `/v1/reset` requires; `None` disables it.
+    /// The token `/v1/reset` requires; `None` disables it. It does
+    /// whatever the API token does too.
     pub admin_token: Option<String>,
+    /// The token that the privileged parts of a call need: `force`,
+    /// `reserve`, a limit brought inline, and `/v1/refund`. `None` leaves
+    /// them open to every caller.
+    pub api_token: Option<String>,
     /// The Prometheus exposition, when a recorder is installed.
     pub metrics: Option<Metrics>,
     /// Why the last policy reload failed, while the old policy serves.
@@ -63,12 +71,14 @@ pub struct AppState<C = SystemClock> {
 /// let state = Arc::new(AppState {
 ///     enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
+///     api_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
 ///     dashboard: None,
 /// });
 /// let call = || {
 ///     http::Request::post("/v1/limit")
+///         .header("content-type", "application/json")
 ///         .body(Body::from(r#"{"limit": "login", "key": "alice"}"#))
 /// };
 /// # tokio::runtime::Runtime::new()?.block_on(async {
@@ -104,6 +114,7 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 /// let api: Api = app(Arc::new(AppState {
 ///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
+///     api_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
 ///     dashboard: None,
@@ -148,13 +159,16 @@ where
 
     fn call(&mut self, req: Request<B>) -> Self::Future {
         let req = req.map(Body::new);
+        if let Some(refused) = page_refusal(&self.state, &req) {
+            return Box::pin(std::future::ready(Ok(refused)));
+        }
         let consume = match (req.method(), req.uri().path()) {
             (&Method::POST, "/v1/limit") => true,
             (&Method::POST, "/v1/check") => false,
             _ => return Box::pin(self.router.clone().oneshot(req)),
         };
         let state = Arc::clone(&self.state);
-        Box::pin(async move { Ok(call(&state, req.into_body(), consume).await) })
+        Box::pin(async move { Ok(call(&state, req, consume).await) })
     }
 }
 
@@ -256,10 +270,22 @@ async fn read_body(mut body: Body) -> Result<Bytes, Response> {
     Ok(joined.map_or(first, BytesMut::freeze))
 }
 
-/// Reads a JSON body, turning every way it can be wrong into a problem.
+/// Reads a body that `headers` must announce as JSON (a 415 otherwise: see
+/// [`is_json`]), as [`read_body`] does.
 #[allow(clippy::result_large_err)]
-async fn json<T: serde::de::DeserializeOwned>(body: Body) -> Result<T, Response> {
-    parse(&read_body(body).await?)
+async fn json_body(headers: &HeaderMap, body: Body) -> Result<Bytes, Response> {
+    if !is_json(headers) {
+        return Err(not_json(headers));
+    }
+    read_body(body).await
+}
+
+/// Reads a request's JSON body, turning every way it can be wrong into a
+/// problem.
+#[allow(clippy::result_large_err)]
+async fn json<T: serde::de::DeserializeOwned>(req: Request) -> Result<T, Response> {
+    let (parts, body) = req.into_parts();
+    parse(&json_body(&parts.headers, body).await?)
 }
 
 /// Parses a JSON body that `T` may borrow strings from.
@@ -289,6 +315,24 @@ struct Call<'a> {
     force: bool,
     algorithm: Option<serde_json::Value>,
     algorithm_config: Option<serde_json::Value>,
+}
+
+impl Call<'_> {
+    /// What in the call needs the API token, if anything: what can hold a
+    /// key back for others (`force`, and `reserve` on a call that takes),
+    /// or define or redefine a limit (`algorithm`, `algorithm_config`).
+    /// A check that reserves changes nothing, so it needs none.
+    fn privileged(&self, consume: bool) -> Option<&'static str> {
+        if self.force {
+            Some("`force`")
+        } else if consume && self.reserve {
+            Some("`reserve`")
+        } else if self.algorithm.is_some() || self.algorithm_config.is_some() {
+            Some("a limit brought inline (`algorithm`, `algorithm_config`)")
+        } else {
+            None
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -403,10 +447,11 @@ fn store_failed(e: &StoreError) -> Response {
 
 async fn call<C: Clock + Send + Sync + 'static>(
     state: &AppState<C>,
-    body: Body,
+    req: Request,
     consume: bool,
 ) -> Response {
-    let bytes = match read_body(body).await {
+    let (parts, body) = req.into_parts();
+    let bytes = match json_body(&parts.headers, body).await {
         Ok(b) => b,
         Err(res) => return res,
     };
@@ -414,6 +459,11 @@ async fn call<C: Clock + Send + Sync + 'static>(
         Ok(c) => c,
         Err(res) => return res,
     };
+    if let Some(what) = call.privileged(consume)
+        && let Some(refused) = privilege_refusal(state, &parts.headers, what)
+    {
+        return refused;
+    }
     let count = match count_of(call.count.as_ref()) {
         Ok(c) => c,
         Err(res) => return res,
@@ -421,9 +471,16 @@ async fn call<C: Clock + Send + Sync + 'static>(
     let policy = state.enforcer.policy();
     let inline;
     let named = match (&call.algorithm, &call.algorithm_config) {
+        // A policy's limit first, without the `Arc` an inline one comes in.
         (None, None) => match policy.named_limit(&call.limit) {
             Some(named) => named,
-            None => return unknown_limit(&call.limit),
+            None => match state.enforcer.limit_named(&policy, &call.limit) {
+                Some(limit) => {
+                    inline = limit;
+                    &*inline
+                }
+                None => return unknown_limit(&call.limit),
+            },
         },
         (Some(algorithm), config) => {
             let config = config.as_ref().unwrap_or(&serde_json::Value::Null);
@@ -493,16 +550,16 @@ async fn call<C: Clock + Send + Sync + 'static>(
 
 async fn limit<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    call(&s, body, true).await
+    call(&s, req, true).await
 }
 
 async fn check<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    call(&s, body, false).await
+    call(&s, req, false).await
 }
 
 /// A settlement's answer: the key as it stands, always 200.
@@ -523,12 +580,17 @@ struct Refund {
 }
 
 /// Gives `count` tokens back to a key of a policy's limit, or of an inline
-/// limit the server knows, never above its capacity.
+/// limit the server knows, never above its capacity. A refund can fill a
+/// key that others emptied, so it is privileged; the token is checked
+/// before the body is read.
 async fn refund<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    let r: Refund = match json(body).await {
+    if let Some(refused) = privilege_refusal(&s, req.headers(), "/v1/refund") {
+        return refused;
+    }
+    let r: Refund = match json(req).await {
         Ok(r) => r,
         Err(res) => return res,
     };
@@ -573,9 +635,9 @@ struct Acquired {
 /// a new lease: 200 with the lease, or 429 when the key's slots are taken.
 async fn acquire<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    let a: Acquire = match json(body).await {
+    let a: Acquire = match json(req).await {
         Ok(a) => a,
         Err(res) => return res,
     };
@@ -629,9 +691,9 @@ struct Release {
 /// or released already is no error: the answer says it released nothing.
 async fn release<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    let r: Release = match json(body).await {
+    let r: Release = match json(req).await {
         Ok(r) => r,
         Err(res) => return res,
     };
@@ -662,7 +724,63 @@ fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
     state
         .admin_token
         .as_deref()
-        .is_some_and(|token| holds_admin_token(token, headers, false))
+        .is_some_and(|token| holds_token(token, headers, false))
+}
+
+/// Whether `headers` carry the API token or the admin token as a bearer
+/// token. The admin token does whatever the API token does: whoever holds
+/// it may reset any key, more than a privileged call can do.
+fn carries_a_token<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
+    let api = state
+        .api_token
+        .as_deref()
+        .is_some_and(|token| holds_token(token, headers, false));
+    api || is_admin(state, headers)
+}
+
+/// The 401 for `what`, a privileged part of a call, without the token;
+/// none when the call carries it or the server has no API token, which
+/// leaves privileged calls open to every caller (the server says so when
+/// it starts).
+fn privilege_refusal<C>(state: &AppState<C>, headers: &HeaderMap, what: &str) -> Option<Response> {
+    if state.api_token.is_none() || carries_a_token(state, headers) {
+        return None;
+    }
+    Some(bearer_needed(format!(
+        "{what} needs the API token: `Authorization: Bearer <token>`"
+    )))
+}
+
+/// A 401 that asks for a bearer token.
+fn bearer_needed(detail: String) -> Response {
+    let mut res = problem(StatusCode::UNAUTHORIZED, detail);
+    res.headers_mut()
+        .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+    res
+}
+
+/// The 403 for a request to a decision endpoint that a browser sent for a
+/// web page other than the server's own (see [`foreign_page`]), unless it
+/// carries a token: a page can have its visitors' browsers call whatever
+/// address they reach. The dashboard's paths answer by a rule of their
+/// own, and the operational endpoints, which change nothing and name no
+/// key, answer anyone.
+fn page_refusal<C>(state: &AppState<C>, req: &Request) -> Option<Response> {
+    let path = req.uri().path();
+    if !path.starts_with("/v1/") || path == dashboard::STATS {
+        return None;
+    }
+    let why = foreign_page(req.uri(), req.headers())?;
+    if carries_a_token(state, req.headers()) {
+        return None;
+    }
+    Some(problem(
+        StatusCode::FORBIDDEN,
+        format!(
+            "the decision API answers no web page but the server's own, opened by address: \
+             {why}. Call it from a service, or with the API token"
+        ),
+    ))
 }
 
 #[derive(Debug, Deserialize)]
@@ -674,21 +792,17 @@ struct KeyRef {
 
 async fn reset<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    headers: HeaderMap,
-    body: Body,
+    req: Request,
 ) -> Response {
-    if !is_admin(&s, &headers) {
+    if !is_admin(&s, req.headers()) {
         let detail = if s.admin_token.is_some() {
             "resetting a key needs the admin token: `Authorization: Bearer <token>`"
         } else {
             "admin endpoints are disabled: start the server with --admin-token"
         };
-        let mut res = problem(StatusCode::UNAUTHORIZED, detail.into());
-        res.headers_mut()
-            .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        return res;
+        return bearer_needed(detail.into());
     }
-    let r: KeyRef = match json(body).await {
+    let r: KeyRef = match json(req).await {
         Ok(r) => r,
         Err(res) => return res,
     };
@@ -734,6 +848,10 @@ async fn value<C: Clock + Send + Sync + 'static>(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct Event {
+    /// The time replay would decide it at. The server decides at its own
+    /// time; a `t` is taken so that replay's lines can be sent as they are.
+    #[serde(rename = "t")]
+    _t: Option<serde_json::Number>,
     ip: Option<IpAddr>,
     #[serde(default = "get_method")]
     method: String,
@@ -775,9 +893,9 @@ struct DecideAnswer {
 
 async fn decide<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<AppState<C>>>,
-    body: Body,
+    req: Request,
 ) -> Response {
-    let e: Event = match json(body).await {
+    let e: Event = match json(req).await {
         Ok(e) => e,
         Err(res) => return res,
     };
@@ -828,7 +946,9 @@ fn decided(v: &Verdict) -> Response {
         retry_after: v.retry_after,
         reset: d.map(|d| d.decision.reset),
         shadow_denied: v.shadow_denied().map(str::to_owned).collect(),
-        error: error.filter(|_| v.refusal.is_some()),
+        error: error
+            .filter(|_| v.refusal.is_some())
+            .map(|e| clip(&e).into_owned()),
         degraded: v.without_store.map(degraded),
         headers,
     };

@@ -54,6 +54,12 @@ pub(crate) struct ServeArgs {
     /// too when it is set.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
+    /// The bearer token that the privileged parts of a call need: `force`,
+    /// `reserve` on /v1/limit, a limit brought inline, and /v1/refund (the
+    /// admin token will do too). Without one they are open to every caller
+    /// that reaches the API.
+    #[arg(long, env = "SLUICE_API_TOKEN", hide_env_values = true)]
+    pub(crate) api_token: Option<String>,
     /// How long a request body may take to arrive in full, e.g. `10s`; past
     /// it the request gets a 408. For a gRPC call, how long the whole call
     /// may take.
@@ -86,10 +92,18 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
         crate::server::report_first_answer(&enforcer, store);
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());
+        let api_token = args.api_token.filter(|t| !t.is_empty());
+        if api_token.is_none() {
+            tracing::warn!(
+                "no --api-token: force, reserve, refunds and limits brought inline are open \
+                 to any caller who can reach the decision API"
+            );
+        }
         let state = Arc::new(AppState {
             dashboard: Some(Dashboard::start(&enforcer, policy_file)),
             enforcer,
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
+            api_token,
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),
         });

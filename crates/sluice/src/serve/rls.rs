@@ -45,6 +45,7 @@ use crate::listen::Listener;
 /// let state = Arc::new(AppState {
 ///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
+///     api_token: None,
 ///     metrics: None,
 ///     reload_error: Default::default(),
 ///     dashboard: None,

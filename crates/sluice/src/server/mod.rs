@@ -1,8 +1,10 @@
 //! What `serve` and `proxy` both run on: the store chosen at start-up, the
 //! policy put in force over it and reloaded, the metrics recorder, the
-//! operational endpoints, logging, and the signal that stops a server.
+//! operational endpoints, who may call them, logging, and the signal that
+//! stops a server.
 //! Neither command imports the other; both import this.
 
+mod access;
 mod endpoints;
 mod logs;
 mod metrics;
@@ -14,7 +16,8 @@ pub use metrics::Metrics;
 pub use store::AnyStore;
 pub(crate) use store::report_first_answer;
 
-pub(crate) use endpoints::{holds_admin_token, metrics_page, problem, readiness, ready};
+pub(crate) use access::{foreign_page, holds_token, is_address, is_json, not_json};
+pub(crate) use endpoints::{clip, metrics_page, problem, readiness, ready};
 pub(crate) use logs::init_logs;
 pub(crate) use reload::Loaded;
 pub(crate) use signals::{Stop, shutdown_signal};

@@ -43,14 +43,13 @@ pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeCl
     Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
         admin_token: token.map(str::to_owned),
+        api_token: None,
         metrics: None,
         reload_error: arc_swap::ArcSwapOption::empty(),
         dashboard: None,
     })
 }
 
-/// Sends one request to the API of `s` and returns the status, the
-/// content type and the body as JSON (`null` when it is none).
 /// `GET uri` without credentials: [`call`]'s status, content type and body.
 pub(crate) async fn get<C: sluice_core::Clock + Send + Sync + 'static>(
     s: &Arc<AppState<C>>,
@@ -59,6 +58,9 @@ pub(crate) async fn get<C: sluice_core::Clock + Send + Sync + 'static>(
     call(s, "GET", uri, Body::empty(), None).await
 }
 
+/// Sends one request to the API of `s` and returns the status, the
+/// content type and the body as JSON (`null` when it is none). A POST's
+/// body is sent as `application/json`.
 pub(crate) async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
     s: &Arc<AppState<C>>,
     method: &str,
@@ -67,6 +69,10 @@ pub(crate) async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
     auth: Option<&str>,
 ) -> (u16, String, serde_json::Value) {
     let mut req = http::Request::builder().method(method).uri(uri);
+    // Every body the API takes is JSON, and must say so.
+    if method == "POST" {
+        req = req.header("content-type", "application/json");
+    }
     if let Some(a) = auth {
         req = req.header("authorization", a);
     }
@@ -98,18 +104,22 @@ pub(crate) fn in_pieces(pieces: Vec<Vec<u8>>) -> Body {
 /// Starts `sluice serve` on free ports and waits until it is ready; returns
 /// the process, the HTTP base URL and the gRPC address.
 pub(crate) async fn spawn_serve(policy: &Path) -> (Process, String, String) {
-    spawn_serve_until(policy, &[], "/readyz").await
+    spawn_serve_with(policy, &[], &[], "/readyz").await
 }
 
-/// [`spawn_serve`] with `extra` arguments, waiting until `probe` answers
-/// 200 (`/healthz` for a server that cannot be ready).
-pub(crate) async fn spawn_serve_until(
+/// [`spawn_serve`] with `args` on its command line and `env` in its
+/// environment, waiting until `probe` answers 200 (`/healthz` for a server
+/// that cannot be ready).
+pub(crate) async fn spawn_serve_with(
     policy: &Path,
-    extra: &[&str],
+    args: &[&str],
+    env: &[(&str, &str)],
     probe: &str,
 ) -> (Process, String, String) {
-    let (args, http, grpc) = serve_args(policy);
-    let server = Process(sluice().args(args).args(extra).spawn().unwrap());
+    let (serve, http, grpc) = serve_args(policy);
+    let mut command = sluice();
+    command.args(serve).args(args).envs(env.iter().copied());
+    let server = Process(command.spawn().unwrap());
     let base = format!("http://{http}");
     let client = reqwest::Client::new();
     eventually(PATIENCE, "the server to start", async || {
@@ -124,6 +134,7 @@ pub(crate) async fn spawn_serve_until(
 pub(crate) async fn check_send_message(client: &reqwest::Client, base: &str) -> reqwest::Response {
     client
         .post(format!("{base}/v1/check"))
+        .header("content-type", "application/json")
         .body(r#"{"limit": "sendMessage", "key": "k"}"#)
         .send()
         .await
