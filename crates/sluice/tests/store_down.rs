@@ -64,7 +64,13 @@ async fn post(
     url: String,
     body: impl Into<reqwest::Body>,
 ) -> (u16, serde_json::Value) {
-    let res = client.post(url).body(body).send().await.unwrap();
+    let res = client
+        .post(url)
+        .header("content-type", "application/json")
+        .body(body)
+        .send()
+        .await
+        .unwrap();
     (res.status().as_u16(), res.json().await.unwrap())
 }
 
