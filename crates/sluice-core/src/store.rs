@@ -202,6 +202,17 @@ impl Mode {
 /// ```
 pub const LEASE_IDS: std::ops::Range<u64> = 1..1 << 53;
 
+/// A lease id no one can guess from the ids handed out before it: whoever
+/// holds an id can release its slots, and a server answers ids to callers
+/// who may not be friends. So it comes from the operating system's
+/// generator, not from a fast one whose output gives its state away. Only
+/// if that fails (no such generator on the platform) does it fall back.
+fn new_lease_id() -> u64 {
+    let bits = getrandom::u64().unwrap_or_else(|_| fastrand::u64(..));
+    // The top 53 bits, so that a double holds the id exactly; 0 is no lease.
+    (bits >> 11).max(LEASE_IDS.start)
+}
+
 /// One limit, one key, one cost: a member of a transaction.
 ///
 /// ```
@@ -235,7 +246,7 @@ impl<'a> Op<'a> {
             0
         };
         let lease = if limit.takes_leases() {
-            fastrand::u64(LEASE_IDS)
+            new_lease_id()
         } else {
             0
         };
@@ -485,5 +496,19 @@ impl OnStoreError {
                 })
                 .collect(),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_ids_are_whole_doubles_never_zero_and_never_repeat() {
+        let ids: std::collections::HashSet<u64> = (0..10_000).map(|_| new_lease_id()).collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(ids.iter().all(|id| LEASE_IDS.contains(id)));
+        // Drawn from all 53 bits, not a narrow range.
+        assert!(ids.iter().any(|&id| id > 1 << 52));
     }
 }
