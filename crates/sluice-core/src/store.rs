@@ -14,13 +14,13 @@ use crate::decision::{Decision, Outcome, Value};
 #[non_exhaustive]
 pub enum CostError {
     /// Costs must be finite and ≥ 0 (0 is a check).
-    #[error("cost must be a finite number >= 0, got {0}")]
+    #[error("cost must be a finite number >= 0, got {}", Num(*.0))]
     Invalid(f64),
     /// The cost exceeds the most a call may ask of the limit (see
     /// [`Algorithm::max_cost`](crate::Algorithm::max_cost)).
     #[error(
-        "cost {cost} can never succeed on limit {limit:?}: the most a call may ask for is {max} \
-         ({bound})"
+        "cost {} can never succeed on limit {limit:?}: the most a call may ask for is {} \
+         ({bound})", Num(*cost), Num(*max)
     )]
     Impossible {
         /// The limit's name.
@@ -36,7 +36,10 @@ pub enum CostError {
         bound: &'static str,
     },
     /// A call on a concurrency limit takes whole slots.
-    #[error("limit {limit:?} counts calls in flight in whole slots: a count of {cost} is not one")]
+    #[error(
+        "limit {limit:?} counts calls in flight in whole slots: a count of {} is not one",
+        Num(*cost)
+    )]
     Slots {
         /// The limit's name.
         limit: String,
@@ -55,7 +58,7 @@ pub enum CostError {
     },
     /// A refund or a forced charge of more tokens than can be counted
     /// exactly.
-    #[error("a refund or a forced charge must be at most 2^53 tokens, got {0}")]
+    #[error("a refund or a forced charge must be at most 2^53 tokens, got {}", Num(*.0))]
     TooLarge(f64),
     /// The call reserves, and the limit's algorithm takes no reservations
     /// (the sliding window and the sliding log).
@@ -68,6 +71,28 @@ pub enum CostError {
         /// The algorithm's name, as a policy file writes it.
         algorithm: &'static str,
     },
+}
+
+/// A number as an error quotes it: as written in full up to 16 digits, and
+/// in scientific notation beyond (a cost of 10^300 is `1e300`, not three
+/// hundred digits a client can make a server echo back).
+///
+/// ```
+/// use sluice_core::{CostError};
+/// assert_eq!(CostError::Invalid(-1e300).to_string(), "cost must be a finite number >= 0, got -1e300");
+/// assert_eq!(CostError::Invalid(-2.5).to_string(), "cost must be a finite number >= 0, got -2.5");
+/// ```
+struct Num(f64);
+
+impl std::fmt::Display for Num {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let x = self.0;
+        if x != 0.0 && x.is_finite() && !(1e-6..1e16).contains(&x.abs()) {
+            write!(f, "{x:e}")
+        } else {
+            write!(f, "{x}")
+        }
+    }
 }
 
 /// A change to a key made once the real cost of a call is known: see
