@@ -202,6 +202,35 @@ impl Leases {
         }
     }
 
+    /// Appends the key's bytes, for a store to keep: the slots held, then
+    /// each lease's time, slots and id, oldest first.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(8 + 24 * self.leases.len());
+        out.extend(self.held.to_le_bytes());
+        for l in &self.leases {
+            out.extend(l.t.to_le_bytes());
+            out.extend(l.slots.to_le_bytes());
+            out.extend(l.id.to_le_bytes());
+        }
+    }
+
+    /// A key from [`Leases::encode`]'s bytes: all that `r` holds.
+    pub(crate) fn decode(r: &mut crate::states::Reader<'_>) -> Option<Leases> {
+        let held = r.f64()?;
+        if !r.left().is_multiple_of(24) || r.left() / 24 > crate::MAX_SLOTS as usize {
+            return None;
+        }
+        let mut leases = VecDeque::with_capacity(r.left() / 24);
+        while r.left() > 0 {
+            leases.push_back(Lease {
+                t: r.i64()?,
+                slots: r.f64()?,
+                id: r.u64()?,
+            });
+        }
+        Some(Leases { leases, held })
+    }
+
     /// The slots free at `now`, and the time they are counted at.
     pub fn current(&self, c: &Concurrency, now: Nanos) -> Value {
         self.read(c, now, 0.0, 0.0).current(&c.as_log())

@@ -542,6 +542,16 @@ impl Algorithm {
         matches!(self, Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_))
     }
 
+    /// Whether keys under `self` and under `other` keep states of one kind,
+    /// so that a state written under one is read under the other: both two
+    /// numbers (a token bucket's are read as a fixed window's), or both
+    /// sliding windows, both sliding logs, or both leases.
+    #[inline]
+    pub(crate) fn keeps_states_like(&self, other: &Algorithm) -> bool {
+        (self.is_flat() && other.is_flat())
+            || std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+
     /// The name a policy file gives the algorithm.
     ///
     /// ```

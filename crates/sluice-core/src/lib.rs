@@ -15,6 +15,7 @@ pub mod conformance;
 mod decision;
 pub mod memory;
 pub mod sliding;
+pub mod states;
 pub mod store;
 mod time;
 

@@ -700,6 +700,39 @@ impl Log {
         self.read(sl, now, 0.0, 0.0).current(sl)
     }
 
+    /// Appends the log's bytes, for a store to keep: the sum and whether it
+    /// is exact, then each entry's time and cost, oldest first.
+    pub(crate) fn encode(&self, out: &mut Vec<u8>) {
+        out.reserve(9 + 16 * self.entries.len());
+        out.extend(self.used.to_le_bytes());
+        out.push(u8::from(self.inexact));
+        for e in &self.entries {
+            out.extend(e.t.to_le_bytes());
+            out.extend(e.cost.to_le_bytes());
+        }
+    }
+
+    /// A log from [`Log::encode`]'s bytes: all that `r` holds.
+    pub(crate) fn decode(r: &mut crate::states::Reader<'_>) -> Option<Log> {
+        let used = r.f64()?;
+        let inexact = r.u8()? != 0;
+        if !r.left().is_multiple_of(16) || r.left() / 16 > MAX_LOG_ENTRIES {
+            return None;
+        }
+        let mut entries = VecDeque::with_capacity(r.left() / 16);
+        while r.left() > 0 {
+            entries.push_back(Entry {
+                t: r.i64()?,
+                cost: r.f64()?,
+            });
+        }
+        Some(Log {
+            entries,
+            used,
+            inexact,
+        })
+    }
+
     /// When the log is empty: a period after its newest entry. From then
     /// on the key holds no information (a missing key has logged nothing),
     /// so a store may drop it.

@@ -393,6 +393,31 @@ impl<'a> Op<'a> {
     }
 }
 
+/// Refuses a transaction that names one limit with algorithms whose states
+/// are of different kinds (two handles of one name configured
+/// differently): they could not share a key's state. Only a sliding
+/// algorithm or a concurrency limit can make that matter, so a transaction
+/// without one is not looked at.
+pub(crate) fn same_kind_per_name(ops: &[Op<'_>]) -> Result<(), StoreError> {
+    if ops.iter().all(|op| op.limit.is_flat()) {
+        return Ok(());
+    }
+    for (i, a) in ops.iter().enumerate() {
+        let (alg_a, name) = (a.limit.shard_algorithm(), a.limit.name());
+        if let Some(b) = ops[i + 1..]
+            .iter()
+            .find(|b| b.limit.name() == name && !b.limit.shard_algorithm().keeps_states_like(alg_a))
+        {
+            return Err(StoreError::Unavailable(format!(
+                "limit {name:?} appears in one transaction as both a {} and a {}",
+                alg_a.name(),
+                b.limit.shard_algorithm().name()
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// Where limit states live.
 ///
 /// Implementations decide a whole transaction atomically: either every

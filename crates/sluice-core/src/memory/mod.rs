@@ -863,7 +863,7 @@ impl<C: Clock> MemoryStore<C> {
         for op in ops {
             op.validate(mode.reserve)?;
         }
-        same_kind_per_name(ops)?;
+        crate::store::same_kind_per_name(ops)?;
         // Candidate fingerprints for every op, and the lock stripes they live in.
         let cands: SmallVec<[(u64, u64); 4]> = ops
             .iter()
@@ -1199,30 +1199,6 @@ fn sliding_pending(pending: &[(Slot, Write)], slot: Slot) -> Option<Next> {
             (_, Write::Sliding(next)) => Some(next),
             (acc, Write::Flat(_)) => acc,
         })
-}
-
-/// Refuses a transaction that names one limit with algorithms whose states
-/// are of different kinds (two handles of one name configured
-/// differently): they could not share a table. Only a sliding algorithm
-/// can make that matter, so a transaction without one is not looked at.
-fn same_kind_per_name(ops: &[Op<'_>]) -> Result<(), StoreError> {
-    let sliding = |op: &Op<'_>| Kind::of(op.limit.shard_algorithm()).is_some();
-    if !ops.iter().any(sliding) {
-        return Ok(());
-    }
-    for (i, a) in ops.iter().enumerate() {
-        let (alg_a, name) = (a.limit.shard_algorithm(), a.limit.name());
-        if let Some(b) = ops[i + 1..].iter().find(|b| {
-            b.limit.name() == name && !Kind::same_states(b.limit.shard_algorithm(), alg_a)
-        }) {
-            return Err(StoreError::Unavailable(format!(
-                "limit {name:?} appears in one transaction as both a {} and a {}",
-                alg_a.name(),
-                b.limit.shard_algorithm().name()
-            )));
-        }
-    }
-    Ok(())
 }
 
 fn splitmix64(mut x: u64) -> u64 {

@@ -72,13 +72,7 @@ impl Kind<'_> {
     /// (a token bucket's and a fixed window's are read one as the other),
     /// both sliding windows, both sliding logs, or both leases.
     pub(super) fn same_states(a: &Algorithm, b: &Algorithm) -> bool {
-        matches!(
-            (Kind::of(a), Kind::of(b)),
-            (None, None)
-                | (Some(Kind::Window(_)), Some(Kind::Window(_)))
-                | (Some(Kind::Log(_)), Some(Kind::Log(_)))
-                | (Some(Kind::Leases(_)), Some(Kind::Leases(_)))
-        )
+        a.keeps_states_like(b)
     }
 }
 
