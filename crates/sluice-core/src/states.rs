@@ -174,6 +174,10 @@ impl Reader<'_> {
 #[derive(Debug)]
 struct Entry {
     state: Option<Stored>,
+    /// The store holds something for the key that is not a state this
+    /// release reads (another release's, or damaged): it is taken to be of
+    /// another kind, as full as any state empty by `empty_at`.
+    unknown: bool,
     /// When the state, as read, holds nothing any more.
     empty_at: Nanos,
     /// The limit's algorithm, once it has been read under one: what the
@@ -237,11 +241,24 @@ impl<K: Hash + Eq + Clone> States<K> {
             key,
             Entry {
                 state,
+                unknown: false,
                 empty_at,
                 alg: None,
                 changed: false,
             },
         );
+    }
+
+    /// Records that the store holds for `key` something it cannot read as a
+    /// state (bytes [`Stored::from_bytes`] refuses), which holds nothing
+    /// any more from `empty_at` on. Until then the key is taken to be as
+    /// full as any state that is empty by that time, as a key of another
+    /// kind is: never emptier than it may be.
+    pub fn read_unknown(&mut self, key: K, empty_at: Nanos) {
+        self.read(key.clone(), None, empty_at);
+        if let Some(entry) = self.entries.get_mut(&key) {
+            entry.unknown = true;
+        }
     }
 
     /// Whether the store has read `key`.
@@ -271,6 +288,7 @@ impl<K: Hash + Eq + Clone> States<K> {
     fn prepare(&mut self, key: &K, alg: &Algorithm, offset: i64, now: Nanos) -> &mut Entry {
         let entry = self.entries.entry(key.clone()).or_insert(Entry {
             state: None,
+            unknown: false,
             empty_at: Nanos(i64::MIN),
             alg: None,
             changed: false,
@@ -278,11 +296,11 @@ impl<K: Hash + Eq + Clone> States<K> {
         if entry.alg.is_none() {
             if entry.empty_at <= now && !entry.changed {
                 entry.state = None;
+                entry.unknown = false;
             }
             let kind = Kind::of(alg);
-            if let Some(state) = &entry.state
-                && state.kind() != kind
-            {
+            if entry.unknown || entry.state.as_ref().is_some_and(|s| s.kind() != kind) {
+                entry.unknown = false;
                 let at = entry.empty_at;
                 entry.state = match alg {
                     Algorithm::TokenBucket(_) | Algorithm::FixedWindow(_) => {
