@@ -217,15 +217,7 @@ impl PostgresStore {
             .await?;
         // Read once the locks are held, so that no call on these keys that
         // came before this one can have read a later time.
-        let now = match &self.clock {
-            Some(clock) => clock.now(),
-            None => {
-                let micros: i64 = sqlx::query_scalar(self.sql.now)
-                    .fetch_one(&mut *conn)
-                    .await?;
-                Nanos(micros.saturating_mul(1_000))
-            }
-        };
+        let now = self.now(&mut *conn).await?;
         let rows: Vec<PgRow> = sqlx::query(&self.sql.read)
             .bind(&limits)
             .bind(&names)
@@ -287,20 +279,12 @@ impl PostgresStore {
     pub async fn sweep(&self) -> Result<u64, StoreError> {
         let work = async {
             self.migrate().await.map_err(unavailable)?;
-            let now = match &self.clock {
-                Some(clock) => clock.now(),
-                None => {
-                    let micros: i64 = sqlx::query_scalar(self.sql.now)
-                        .fetch_one(&self.pool)
-                        .await
-                        .map_err(unavailable)?;
-                    Nanos(micros.saturating_mul(1_000))
-                }
-            };
+            let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+            let now = self.now(&mut conn).await.map_err(unavailable)?;
             sqlx::query(&self.sql.sweep)
                 .bind(now.0)
                 .bind(SWEEP_BATCH)
-                .execute(&self.pool)
+                .execute(&mut *conn)
                 .await
                 .map(|done| done.rows_affected())
                 .map_err(unavailable)
@@ -308,6 +292,20 @@ impl PostgresStore {
         tokio::time::timeout(self.config.timeout(), work)
             .await
             .unwrap_or(Err(StoreError::Timeout))
+    }
+}
+
+impl PostgresStore {
+    /// The time calls are decided at: the database's clock, read on `conn`,
+    /// unless the store was given a clock of its own.
+    async fn now(&self, conn: &mut PgConnection) -> Result<Nanos, sqlx::Error> {
+        match &self.clock {
+            Some(clock) => Ok(clock.now()),
+            None => {
+                let micros: i64 = sqlx::query_scalar(self.sql.now).fetch_one(conn).await?;
+                Ok(Nanos(micros.saturating_mul(1_000)))
+            }
+        }
     }
 }
 

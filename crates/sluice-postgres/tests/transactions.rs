@@ -28,6 +28,21 @@ async fn connect(server: &PostgresServer) -> PgConnection {
     PgConnection::connect(&server.url()).await.unwrap()
 }
 
+/// Decides `cost` on `key` of `limit` inside `tx`: whether it was admitted.
+async fn spend_in(
+    store: &PostgresStore,
+    tx: &mut PgConnection,
+    limit: &Limit,
+    key: &str,
+    cost: f64,
+) -> bool {
+    store
+        .transact_in(tx, &[Op::new(limit, key, cost)], Mode::CONSUME)
+        .await
+        .unwrap()
+        .allowed
+}
+
 fn bucket(name: &str, burst: f64) -> Limit {
     // A token an hour: nothing refills while a test runs.
     Limit::new(
@@ -47,20 +62,12 @@ async fn a_rolled_back_transaction_spends_nothing_and_a_committed_one_spends() {
     let mut conn = connect(&server).await;
 
     let mut tx = conn.begin().await.unwrap();
-    let out = store
-        .transact_in(&mut tx, &[Op::new(&limit, "alice", 2.0)], Mode::CONSUME)
-        .await
-        .unwrap();
-    assert!(out.allowed);
+    assert!(spend_in(&store, &mut tx, &limit, "alice", 2.0).await);
     tx.rollback().await.unwrap();
     assert_eq!(store.value(&limit, "alice").await.unwrap().tokens, 3.0);
 
     let mut tx = conn.begin().await.unwrap();
-    let out = store
-        .transact_in(&mut tx, &[Op::new(&limit, "alice", 2.0)], Mode::CONSUME)
-        .await
-        .unwrap();
-    assert!(out.allowed);
+    assert!(spend_in(&store, &mut tx, &limit, "alice", 2.0).await);
     tx.commit().await.unwrap();
     let left = store.value(&limit, "alice").await.unwrap().tokens;
     assert!((1.0..1.01).contains(&left), "{left}");
@@ -73,11 +80,7 @@ async fn two_transactions_on_one_key_take_turns_and_the_second_sees_what_the_fir
     let limit = bucket("login", 1.0);
     let mut first = connect(&server).await;
     let mut tx = first.begin().await.unwrap();
-    let out = store
-        .transact_in(&mut tx, &[Op::new(&limit, "bob", 1.0)], Mode::CONSUME)
-        .await
-        .unwrap();
-    assert!(out.allowed);
+    assert!(spend_in(&store, &mut tx, &limit, "bob", 1.0).await);
     // The second waits for the first's lock; it must not decide on the
     // token the first has taken but not yet committed.
     let (second_store, second_limit) = (Arc::clone(&store), limit.clone());
@@ -162,11 +165,7 @@ async fn under_serializable_a_key_changed_since_the_transaction_began_is_an_erro
         .execute(&mut *tx)
         .await
         .unwrap();
-    let out = store
-        .transact_in(&mut tx, &[Op::new(&limit, "carol", 3.0)], Mode::CONSUME)
-        .await
-        .unwrap();
-    assert!(out.allowed);
+    assert!(spend_in(&store, &mut tx, &limit, "carol", 3.0).await);
     tx.commit().await.unwrap();
 }
 
