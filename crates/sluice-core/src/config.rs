@@ -34,7 +34,10 @@ pub enum ConfigError {
     #[error("rate must be at most {MAX_EXACT_TOKENS}, got {0}")]
     TooManyTokens(f64),
     /// A concurrency limit's slots are whole, and bounded.
-    #[error("max must be a whole number from 1 to {MAX_SLOTS}, got {0}")]
+    #[error(
+        "max must be a whole number from 1 to {MAX_SLOTS} (the most leases one key holds, \
+         which bounds what a call on it costs), got {0}"
+    )]
     Slots(f64),
 }
 
@@ -546,8 +549,16 @@ impl Algorithm {
     /// so that a state written under one is read under the other: both two
     /// numbers (a token bucket's are read as a fixed window's), or both
     /// sliding windows, both sliding logs, or both leases.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, FixedWindow, Nanos, SlidingLog, TokenBucket};
+    /// let tb = Algorithm::from(TokenBucket::new(1.0, 1.0).unwrap());
+    /// let fw = Algorithm::from(FixedWindow::new(1.0, Nanos(1_000)).unwrap());
+    /// let log = Algorithm::from(SlidingLog::per_period(1.0, Nanos(1_000)).unwrap());
+    /// assert!(tb.keeps_states_like(&fw) && !tb.keeps_states_like(&log));
+    /// ```
     #[inline]
-    pub(crate) fn keeps_states_like(&self, other: &Algorithm) -> bool {
+    pub fn keeps_states_like(&self, other: &Algorithm) -> bool {
         (self.is_flat() && other.is_flat())
             || std::mem::discriminant(self) == std::mem::discriminant(other)
     }

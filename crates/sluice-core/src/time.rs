@@ -30,23 +30,33 @@ impl Nanos {
     /// Nanoseconds per second.
     pub const PER_SEC: i64 = 1_000_000_000;
 
-    /// Converts seconds to the nearest nanosecond.
+    /// Converts seconds to the nearest nanosecond of what the double
+    /// holds. The whole seconds and the fraction are converted apart: their
+    /// product with 10⁹ in one double would round, at today's epoch by up
+    /// to 128 ns (1795820513.25 s came out 1795820513.250000128).
     ///
     /// Returns `None` for NaN, infinities and values beyond about ±292 years.
     ///
     /// ```
     /// use sluice_core::Nanos;
     /// assert_eq!(Nanos::from_secs_f64(1.5), Some(Nanos(1_500_000_000)));
+    /// assert_eq!(Nanos::from_secs_f64(1795820513.25), Some(Nanos(1_795_820_513_250_000_000)));
+    /// assert_eq!(Nanos::from_secs_f64(-2.5), Some(Nanos(-2_500_000_000)));
     /// assert_eq!(Nanos::from_secs_f64(f64::NAN), None);
+    /// assert_eq!(Nanos::from_secs_f64(1e10), None);
     /// ```
     pub fn from_secs_f64(secs: f64) -> Option<Nanos> {
-        let ns = (secs * Self::PER_SEC as f64).round();
-        // i64::MAX as f64 rounds up to 2^63, so compare strictly.
-        if ns.is_finite() && ns > i64::MIN as f64 && ns < i64::MAX as f64 {
-            Some(Nanos(ns as i64))
-        } else {
-            None
+        const NS: f64 = Nanos::PER_SEC as f64;
+        let whole = secs.trunc();
+        // Beyond ±9.2e9 s the nanoseconds do not fit an i64.
+        if !whole.is_finite() || whole.abs() >= i64::MAX as f64 / NS {
+            return None;
         }
+        let fraction = ((secs - whole) * NS).round() as i64;
+        (whole as i64)
+            .checked_mul(Self::PER_SEC)?
+            .checked_add(fraction)
+            .map(Nanos)
     }
 
     /// This time in seconds.

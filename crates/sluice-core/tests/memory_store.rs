@@ -756,12 +756,21 @@ fn a_flood_of_keys_holding_leases_locks_new_keys_out_until_its_leases_end() {
         "held back {wait} s, longer than a lease"
     );
     assert!(!take(&store, &uploads, "victim"));
-    // A nanosecond before the flood's last lease ends, a key may still be
-    // held back; at that moment, none is.
+    // The flood took 100 ms: a second before its last lease ends, every
+    // lease of it still holds, and new keys are still held back; once its
+    // last lease has ended, none is.
+    let second = Nanos::PER_SEC;
     clock.advance(Duration::from_nanos(
-        (flood_ends - clock.now().0 - 1) as u64,
+        (flood_ends - second - clock.now().0) as u64,
     ));
-    clock.advance(Duration::from_nanos(1));
+    let still = (0..1_000)
+        .filter(|i| store.value_now(&uploads, &format!("newer-{i}")).tokens < 2.0)
+        .count();
+    assert!(
+        still > 900,
+        "{still} of 1,000 held back a second before the end"
+    );
+    clock.advance(Duration::from_secs(1));
     for i in 0..1_000 {
         assert_eq!(store.value_now(&uploads, &format!("new-{i}")).tokens, 2.0);
     }

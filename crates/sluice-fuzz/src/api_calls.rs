@@ -8,7 +8,7 @@ use sluice_core::FakeClock;
 use tower::ServiceExt;
 
 use crate::api::{ENDPOINTS, query};
-use crate::service::{ADMIN_TOKEN, API_TOKEN, block_on, state};
+use crate::service::{ADMIN_TOKEN, API_TOKEN, block_on, state_with};
 
 /// The most calls one input makes: enough for a lease to be taken, used
 /// and released, a limit brought and then named, a key spent and refunded.
@@ -71,9 +71,10 @@ impl Caller {
     }
 
     /// Whether the call carries a token the server takes: the API token,
-    /// or the admin token, which does whatever it does.
-    fn has_token(self) -> bool {
-        matches!(self.auth, Auth::Api | Auth::Admin)
+    /// when the server has one (`api_token`), or the admin token, which
+    /// does whatever it does.
+    fn has_token(self, api_token: bool) -> bool {
+        self.auth == Auth::Admin || (api_token && self.auth == Auth::Api)
     }
 
     /// The request for `method` and `uri` with `body`, with this caller's
@@ -121,8 +122,10 @@ impl Caller {
 
 /// Sends a sequence of calls to the decision API of `sluice serve`
 /// ([`sluice::serve::app`]), in process, over the fuzzing policy and an
-/// empty in-memory store, on a server with an API token and an admin token:
-/// the privileged fields (`force`, `reserve`, inline limits), refunds and
+/// empty in-memory store, on a server with an admin token and an API token
+/// (or, when the input begins with `!`, none: then only the rules on pages
+/// and bodies stand between a web page and the privileged calls): the
+/// privileged fields (`force`, `reserve`, inline limits), refunds and
 /// leases, from callers of every kind.
 ///
 /// Each line of the input is a call: an endpoint byte as [`api`](crate::api)
@@ -143,7 +146,11 @@ impl Caller {
 /// it would bring; a refund never leaves a key above its capacity; and a
 /// lease is released at most once.
 pub fn api_calls(data: &[u8]) {
-    let state = state();
+    let (api_token, data) = match data.strip_prefix(b"!") {
+        Some(rest) => (false, rest),
+        None => (true, data),
+    };
+    let state = state_with(api_token.then_some(API_TOKEN));
     let app = sluice::serve::app(Arc::clone(&state));
     let mut lease: Option<String> = None;
     let mut released: Vec<String> = Vec::new();
@@ -186,7 +193,7 @@ pub fn api_calls(data: &[u8]) {
             assert!(!status.is_server_error(), "{}", shown());
 
             // Who may call what.
-            let token = caller.has_token();
+            let token = caller.has_token(api_token);
             if caller.page != Page::None && !token {
                 assert_eq!(status, StatusCode::FORBIDDEN, "a foreign page: {}", shown());
             } else if method == Method::POST
@@ -194,13 +201,15 @@ pub fn api_calls(data: &[u8]) {
             {
                 let first = match *path {
                     "/v1/reset" if caller.auth != Auth::Admin => StatusCode::UNAUTHORIZED,
-                    "/v1/refund" if !token => StatusCode::UNAUTHORIZED,
+                    "/v1/refund" if api_token && !token => StatusCode::UNAUTHORIZED,
                     _ => StatusCode::UNSUPPORTED_MEDIA_TYPE,
                 };
                 assert_eq!(status, first, "a body not sent as JSON: {}", shown());
             }
             let made = status.is_success() || status == StatusCode::TOO_MANY_REQUESTS;
-            if made && privileged(path, parsed.as_ref()) {
+            // Without an API token, privileged calls are open to callers
+            // that are not foreign pages, which the first rule holds.
+            if made && api_token && privileged(path, parsed.as_ref()) {
                 assert!(token, "a privileged call without a token: {}", shown());
             }
             if matches!(status.as_u16(), 401 | 403 | 415) {

@@ -22,6 +22,11 @@ const START: Nanos = Nanos(1_700_000_000_000_000_000);
 
 /// A server state over the fuzzing policy and an empty store.
 pub(crate) fn state() -> Arc<AppState<FakeClock>> {
+    state_with(Some(API_TOKEN))
+}
+
+/// [`state`] with `api_token` as the API token, or none.
+pub(crate) fn state_with(api_token: Option<&str>) -> Arc<AppState<FakeClock>> {
     static PARSED: OnceLock<Policy> = OnceLock::new();
     let policy = PARSED.get_or_init(|| {
         Policy::from_str(POLICY, "policy.yaml").expect("the fuzzing policy is valid")
@@ -30,7 +35,7 @@ pub(crate) fn state() -> Arc<AppState<FakeClock>> {
     Arc::new(AppState {
         enforcer: Arc::new(Enforcer::new(policy.clone(), AnyStore::Memory(store))),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
-        api_token: Some(API_TOKEN.to_owned()),
+        api_token: api_token.map(str::to_owned),
         metrics: None,
         reload_error: Default::default(),
         dashboard: None,

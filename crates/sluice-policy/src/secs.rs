@@ -51,25 +51,14 @@ impl<'de> Deserialize<'de> for Secs {
     }
 }
 
-/// `secs` seconds in nanoseconds, as exactly as a double holds them. The
-/// whole seconds and the fraction are converted apart: their product with
-/// 10⁹ in one double would round (at today's epoch, 1795820513.25 s came
-/// out 128 ns off). Where a double cannot tell nanoseconds apart (from
-/// about 97 days up; at today's epoch it resolves about 240 ns), the time
-/// is taken to the nearest microsecond it may stand for, so that a `start`
-/// of `1795820513.000001` means the microsecond it says.
+/// `secs` seconds in nanoseconds ([`Nanos::from_secs_f64`]), and where a
+/// double cannot tell nanoseconds apart (from about 97 days up; at today's
+/// epoch it resolves about 240 ns), the nearest microsecond it may stand
+/// for: the policy keeps periods and starts to whole microseconds, and a
+/// `start` of `1795820513.000001` means the microsecond it says.
 fn nanos_of_secs(secs: f64) -> Option<Nanos> {
-    const NS: f64 = Nanos::PER_SEC as f64;
-    let whole = secs.trunc();
-    // Beyond ±9.2e9 s the nanoseconds do not fit an i64.
-    if !whole.is_finite() || whole.abs() >= i64::MAX as f64 / NS {
-        return None;
-    }
-    let fraction = ((secs - whole) * NS).round() as i64;
-    let ns = (whole as i64)
-        .checked_mul(Nanos::PER_SEC)?
-        .checked_add(fraction)?;
-    let resolution = (secs.abs().next_up() - secs.abs()) * NS;
+    let ns = Nanos::from_secs_f64(secs)?.0;
+    let resolution = (secs.abs().next_up() - secs.abs()) * Nanos::PER_SEC as f64;
     if resolution > 1.0 {
         let micros = (ns + 500).div_euclid(1000) * 1000;
         if (micros - ns).abs() as f64 <= resolution / 2.0 {

@@ -239,6 +239,16 @@ impl Txn {
         }
     }
 
+    /// Each Redis key the transaction may use, with the algorithm it is
+    /// read under.
+    pub(crate) fn keys(&self) -> impl Iterator<Item = (&str, &Algorithm)> + '_ {
+        self.ops.iter().flat_map(|op| {
+            std::iter::once(op.key_a.as_str())
+                .chain(op.key_b.as_deref())
+                .map(move |k| (k, &op.alg))
+        })
+    }
+
     /// The Cluster slot of the transaction, or `None` if its keys span slots.
     pub(crate) fn slot(&self) -> Option<u16> {
         let mut slots = self

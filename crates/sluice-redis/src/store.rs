@@ -744,7 +744,15 @@ async fn watch(shared: Weak<Shared>) {
 async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: usize) {
     let slots = Arc::new(Semaphore::new(in_flight));
     let max = shared.config.max_batch();
-    while let Some(first) = rx.recv().await {
+    let mut held = None;
+    loop {
+        let first = match held.take() {
+            Some(job) => job,
+            None => match rx.recv().await {
+                Some(job) => job,
+                None => return,
+            },
+        };
         let Ok(permit) = slots.clone().acquire_owned().await else {
             return;
         };
@@ -755,19 +763,8 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
             // process less per decision; when idle, a call leaves at once.
             tokio::task::yield_now().await;
         }
-        let now = Instant::now();
-        let mut batch = Vec::with_capacity(max.min(rx.len() + 1));
-        let mut job = Some(first);
-        while let Some(j) = job.take() {
-            if j.deadline <= now {
-                let _ = j.reply.send(Err(shared.timed_out()));
-            } else {
-                batch.push(j);
-            }
-            if batch.len() < max {
-                job = rx.try_recv().ok();
-            }
-        }
+        let (batch, next) = take_batch(first, &mut rx, max, Instant::now(), || shared.timed_out());
+        held = next;
         if batch.is_empty() {
             continue;
         }
@@ -798,6 +795,51 @@ async fn dispatch(shared: Arc<Shared>, mut rx: mpsc::Receiver<Job>, in_flight: u
             drop(permit);
         });
     }
+}
+
+/// `first` and what else is queued, up to `max` transactions, as one
+/// batch, leaving out (and answering) those whose time is up. A transaction
+/// that uses a key an earlier one of the batch uses under another kind of
+/// state (a limit changed kind, and a call under each handle is in flight)
+/// is held back for the next batch, which it returns: in one script call
+/// each kind would rebuild the key from what it held before the call, and
+/// the second would not see what the first spent.
+fn take_batch(
+    first: Job,
+    rx: &mut mpsc::Receiver<Job>,
+    max: usize,
+    now: Instant,
+    timed_out: impl Fn() -> StoreError,
+) -> (Vec<Job>, Option<Job>) {
+    let mut batch: Vec<Job> = Vec::with_capacity(max.min(rx.len() + 1));
+    // Keys by their hashes: two keys that share one only split a batch
+    // that need not have been.
+    let hasher = std::hash::RandomState::new();
+    let hash = |k: &str| std::hash::BuildHasher::hash_one(&hasher, k);
+    let mut kinds: HashMap<u64, Algorithm> = HashMap::new();
+    let mut job = Some(first);
+    while let Some(j) = job.take() {
+        if j.deadline <= now {
+            let _ = j.reply.send(Err(timed_out()));
+        } else {
+            let clash = j.txn.keys().any(|(k, alg)| {
+                kinds
+                    .get(&hash(k))
+                    .is_some_and(|a| !a.keeps_states_like(alg))
+            });
+            if clash {
+                return (batch, Some(j));
+            }
+            for (k, alg) in j.txn.keys() {
+                kinds.entry(hash(k)).or_insert(*alg);
+            }
+            batch.push(j);
+        }
+        if batch.len() < max {
+            job = rx.try_recv().ok();
+        }
+    }
+    (batch, None)
 }
 
 /// Runs the script, loading it first if Redis does not have it (a restart,
@@ -1062,5 +1104,63 @@ impl Store for RedisStore {
             tokens: parts.iter().map(|v| v.tokens).sum(),
             ts: parts.iter().map(|v| v.ts).max().unwrap_or(reply.now),
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use sluice_core::{SlidingLog, TokenBucket};
+
+    fn job(limit: &Limit, key: &str) -> Job {
+        let ops = [Op::new(limit, key, 1.0)];
+        let (reply, _) = oneshot::channel();
+        Job {
+            txn: Txn::encode("p:", &ops, Mode::CONSUME, TimeUnit::ClientNanos).unwrap(),
+            reply,
+            deadline: Instant::now() + Duration::from_secs(60),
+        }
+    }
+
+    /// A limit that changed kind, with a call under each handle queued at
+    /// once: the second would rebuild the key from what it held before the
+    /// script call and not see what the first spent (a sliding log of one
+    /// an hour and a token bucket of one an hour both admitted, 50 times in
+    /// 50, when they shared a call).
+    #[tokio::test]
+    async fn a_key_under_two_kinds_of_state_never_shares_a_script_call() {
+        let hour = Nanos(3_600 * Nanos::PER_SEC);
+        let log = Limit::new("chat", SlidingLog::per_period(1.0, hour).unwrap());
+        let bucket = Limit::new("chat", TokenBucket::per_period(1.0, hour).unwrap());
+        let (tx, mut rx) = mpsc::channel(16);
+        for j in [
+            job(&bucket, "other"),
+            job(&bucket, "k"),
+            job(&log, "other2"),
+        ] {
+            tx.send(j).await.unwrap();
+        }
+        let queued = job(&log, "k");
+        tx.send(queued).await.unwrap();
+        let now = Instant::now();
+        let first = job(&log, "k");
+        let (batch, held) = take_batch(first, &mut rx, 256, now, || StoreError::Timeout);
+        // The log on k, then the bucket on another key; the bucket on k waits.
+        assert_eq!(batch.len(), 2);
+        let held = held.expect("the bucket on k is held back");
+        assert!(held.txn.keys().all(|(k, _)| k.contains("{k}")));
+        // The next batch starts with it, and takes the log on another key;
+        // the log on k, queued behind, clashes with the bucket on k.
+        let (batch, held) = take_batch(held, &mut rx, 256, now, || StoreError::Timeout);
+        assert_eq!(batch.len(), 2);
+        let (batch, rest) = take_batch(held.unwrap(), &mut rx, 256, now, || StoreError::Timeout);
+        assert_eq!((batch.len(), rest.is_none()), (1, true));
+        // One kind on one key, or a token bucket beside a fixed window,
+        // shares a call as before.
+        let (tx, mut rx) = mpsc::channel(16);
+        tx.send(job(&log, "k")).await.unwrap();
+        let (batch, held) = take_batch(job(&log, "k"), &mut rx, 256, now, || StoreError::Timeout);
+        assert_eq!((batch.len(), held.is_none()), (2, true));
     }
 }

@@ -26,10 +26,12 @@ const IDLE: Duration = Duration::from_secs(1);
 /// Calls after the restart, one after another, as the attack made them.
 const CALLS: usize = 20;
 
-/// The deadline of every call: above the default 50 ms, so that a stall
-/// of this shared machine cannot fail a call, and far below the seconds a
-/// caller would wait on a store that had to be noticed down first.
-const DEADLINE: Duration = Duration::from_millis(250);
+/// The deadline of every call: far above the default 50 ms, so that a
+/// stall of a loaded machine, or the first call's reload of the script into
+/// the fresh Redis in a debug build, cannot fail a call (the property is
+/// that no call fails, not how fast), and below the seconds a caller would
+/// wait on a store that had to be noticed down first.
+const DEADLINE: Duration = Duration::from_secs(1);
 
 fn store(server: &RedisServer) -> RedisStore {
     let config = RedisConfig::from_url(&server.url())

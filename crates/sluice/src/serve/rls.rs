@@ -490,6 +490,18 @@ fn duration(secs: f64) -> PbDuration {
 mod tests {
     use super::*;
 
+    /// An override names its unit in `RateLimitUnit`, an answer in `Unit`;
+    /// overrides are matched by number, which holds only while Envoy
+    /// numbers the two alike.
+    #[test]
+    fn an_override_and_an_answer_number_their_units_alike() {
+        use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
+        for (unit, name, _) in UNITS {
+            let theirs = RateLimitUnit::from_str_name(unit.as_str_name());
+            assert_eq!(theirs.map(|u| u as i32), Some(unit as i32), "{name}");
+        }
+    }
+
     #[test]
     fn rates_take_the_smallest_exact_unit() {
         assert_eq!(per_unit(10.0), (10, Unit::Second));
