@@ -37,6 +37,19 @@ pub enum StoreConfig {
         /// Per-call timeout; `None` leaves it to the store.
         timeout: Option<Duration>,
     },
+    /// A PostgreSQL database.
+    Postgres {
+        /// `postgres://` or `postgresql://` URL.
+        url: String,
+        /// Per-call timeout; `None` leaves it to the store.
+        timeout: Option<Duration>,
+        /// The schema of the store's tables; `None` leaves it to the store
+        /// (`sluice`).
+        schema: Option<String>,
+        /// Whether the keys' table survives a crash of the database
+        /// (`true` by default); `false` makes it unlogged.
+        durable: bool,
+    },
 }
 
 impl Default for StoreConfig {

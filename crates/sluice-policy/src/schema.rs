@@ -32,6 +32,7 @@ pub(crate) struct RawPolicy {
 pub(crate) enum StoreKind {
     Memory,
     Redis,
+    Postgres,
 }
 
 // One flat struct rather than an internally tagged enum: serde buffers tagged
@@ -43,6 +44,8 @@ pub(crate) struct RawStore {
     pub(crate) max_keys: Option<Spanned<u64>>,
     pub(crate) url: Option<Spanned<String>>,
     pub(crate) timeout_ms: Option<Spanned<u64>>,
+    pub(crate) schema: Option<Spanned<String>>,
+    pub(crate) durable: Option<Spanned<bool>>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]

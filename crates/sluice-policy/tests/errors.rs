@@ -416,7 +416,25 @@ fn bad_store() {
         "store: {kind: memory, url: 'redis://x'}\n",
         1,
         28,
-        "`url` applies to the redis store only",
+        "`url` applies to the redis or postgres store only",
+    );
+    assert_err(
+        "store: {kind: postgres, url: 'redis://x'}\n",
+        1,
+        30,
+        "must start with postgres://",
+    );
+    assert_err(
+        "store: {kind: postgres, url: 'postgres://db/app', schema: 'x; drop table t'}\n",
+        1,
+        59,
+        "`schema` must be 1 to 63 lowercase",
+    );
+    assert_err(
+        "store: {kind: redis, url: 'redis://x', durable: false}\n",
+        1,
+        49,
+        "`durable` applies to the postgres store only",
     );
     assert_err("store: {kind: memory, max_keys: 0}\n", 1, 33, "at least 1");
     assert_err("store: {kind: memory, max_keys: -3}\n", 1, 33, "invalid");

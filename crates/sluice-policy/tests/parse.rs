@@ -247,6 +247,37 @@ fn redis_store_is_parsed() {
     );
 }
 
+#[test]
+fn postgres_store_is_parsed() {
+    let p = Policy::from_str(
+        "store: {kind: postgres, url: 'postgres://app@db/app', timeout_ms: 200, schema: limits, durable: false}\n",
+        "p.yaml",
+    )
+    .unwrap();
+    assert_eq!(
+        p.store(),
+        &StoreConfig::Postgres {
+            url: "postgres://app@db/app".into(),
+            timeout: Some(Duration::from_millis(200)),
+            schema: Some("limits".into()),
+            durable: false,
+        }
+    );
+    let p = Policy::from_str(
+        "store: {kind: postgres, url: 'postgresql://db/app'}\n",
+        "p.yaml",
+    )
+    .unwrap();
+    assert!(matches!(
+        p.store(),
+        StoreConfig::Postgres {
+            schema: None,
+            durable: true,
+            ..
+        }
+    ));
+}
+
 /// The algorithm of a named limit `l` configured with `config` (a flow map).
 fn algorithm(kind: &str, config: &str) -> Algorithm {
     let yaml = format!("limits:\n  l:\n    algorithm: {kind}\n    algorithm_config: {config}\n");

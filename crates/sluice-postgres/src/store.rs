@@ -2,7 +2,9 @@
 //! on them ([`States`]), and writes back what changed, in one database
 //! transaction of its own or of the caller's.
 
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
 
 use sluice_core::states::{States, Stored};
 use sluice_core::{
@@ -10,7 +12,6 @@ use sluice_core::{
 };
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
 use sqlx::{Acquire, PgConnection, Row as _};
-use tokio::sync::OnceCell;
 
 use crate::config::PostgresConfig;
 use crate::schema::{self, SchemaError, Statements};
@@ -36,13 +37,22 @@ const SWEEP_BATCH: i64 = 1_000;
 /// println!("allowed: {}", out.allowed);
 /// # Ok(()) }
 /// ```
+#[derive(Clone)]
 pub struct PostgresStore {
     pool: PgPool,
     config: PostgresConfig,
-    sql: Statements,
+    sql: Arc<Statements>,
     /// The time calls are decided at, when not the database's (tests).
     clock: Option<Arc<dyn Clock>>,
-    migrated: OnceCell<()>,
+    /// Whether the tables are known to be there: set by a migration, and
+    /// cleared by a call that finds them gone (a database restored from an
+    /// older backup, a crash that lost their making).
+    migrated: Arc<AtomicBool>,
+    /// Whether the database answered the last call or health check.
+    ready: Arc<AtomicBool>,
+    /// Held while any handle of the store is: its upkeep stops when the
+    /// last one goes.
+    alive: Arc<()>,
 }
 
 /// What went wrong deciding inside a caller's transaction.
@@ -98,28 +108,66 @@ impl PostgresStore {
     /// the first call, which also makes the tables if they are missing.
     /// Call it within a Tokio runtime: the pool's upkeep runs on it.
     pub fn new(config: PostgresConfig) -> PostgresStore {
-        let pool = PgPoolOptions::new()
-            .max_connections(config.pool_size())
-            // The wait for a connection is inside each call's deadline.
-            .acquire_timeout(config.timeout())
-            .connect_lazy_with(config.options.clone());
-        PostgresStore {
-            pool,
-            sql: Statements::for_schema(config.schema()),
-            config,
-            clock: None,
-            migrated: OnceCell::new(),
-        }
+        Self::with_time(config, None)
     }
 
     /// A store that decides at the times `clock` reads instead of on the
     /// database's clock: for tests on a fake clock, and for a single
     /// server whose clock is the one that counts.
     pub fn with_clock(config: PostgresConfig, clock: impl Clock + 'static) -> PostgresStore {
+        Self::with_time(config, Some(Arc::new(clock)))
+    }
+
+    fn with_time(config: PostgresConfig, clock: Option<Arc<dyn Clock>>) -> PostgresStore {
+        let pool = PgPoolOptions::new()
+            .max_connections(config.pool_size())
+            // The wait for a connection is inside each call's deadline.
+            .acquire_timeout(config.timeout())
+            .connect_lazy_with(config.options.clone());
+        let store = PostgresStore {
+            pool,
+            sql: Arc::new(Statements::for_schema(config.schema())),
+            config,
+            clock,
+            migrated: Arc::new(AtomicBool::new(false)),
+            ready: Arc::new(AtomicBool::new(false)),
+            alive: Arc::new(()),
+        };
+        tokio::spawn(upkeep(
+            store.clone_for_upkeep(),
+            Arc::downgrade(&store.alive),
+        ));
+        store
+    }
+
+    /// A handle for the upkeep task, which must not keep the store alive.
+    fn clone_for_upkeep(&self) -> PostgresStore {
         PostgresStore {
-            clock: Some(Arc::new(clock)),
-            ..PostgresStore::new(config)
+            alive: Arc::new(()),
+            ..self.clone()
         }
+    }
+
+    /// Whether the database answered the last call or health check.
+    pub fn is_ready(&self) -> bool {
+        self.ready.load(Ordering::Relaxed)
+    }
+
+    /// Asks the database for `SELECT 1` within the deadline, updating
+    /// [`PostgresStore::is_ready`].
+    pub async fn ping(&self) -> Result<(), StoreError> {
+        let work = async {
+            sqlx::query("SELECT 1")
+                .execute(&self.pool)
+                .await
+                .map_err(unavailable)
+        };
+        let result = tokio::time::timeout(self.config.timeout(), work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
+            .map(|_| ());
+        self.ready.store(result.is_ok(), Ordering::Relaxed);
+        result
     }
 
     /// Its configuration.
@@ -130,13 +178,26 @@ impl PostgresStore {
     /// Makes the tables if they are missing, and checks the version of
     /// those already there: what the first call does, and `sluice migrate`.
     pub async fn migrate(&self) -> Result<(), SchemaError> {
-        self.migrated
-            .get_or_try_init(|| async {
-                let mut conn = self.pool.acquire().await?;
-                schema::migrate(&mut conn, self.config.schema(), self.config.durable()).await
-            })
-            .await
-            .map(|_| ())
+        if self.migrated.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        // Calls that find the tables unknown at once each run this; the
+        // migration's advisory lock makes one make them and the others
+        // find them made.
+        let mut conn = self.pool.acquire().await?;
+        schema::migrate(&mut conn, self.config.schema(), self.config.durable()).await?;
+        self.migrated.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// Notes a database error that says the tables are gone, so that the
+    /// next call makes them again.
+    fn noticed(&self, e: &sqlx::Error) {
+        if let sqlx::Error::Database(db) = e
+            && matches!(db.code().as_deref(), Some("42P01" | "3F000"))
+        {
+            self.migrated.store(false, Ordering::Release);
+        }
     }
 }
 
@@ -172,7 +233,8 @@ impl PostgresStore {
             .decide_in(conn, &keys, |states, now| {
                 states.transact(ops, |i, s| row(ops[i].limit, ops[i].key, s), mode, now)
             })
-            .await?;
+            .await
+            .inspect_err(|e| self.noticed(e))?;
         Ok(outcome?)
     }
 
@@ -187,17 +249,19 @@ impl PostgresStore {
             self.migrate().await.map_err(unavailable)?;
             let mut conn = self.pool.acquire().await.map_err(unavailable)?;
             let mut tx = conn.begin().await.map_err(unavailable)?;
-            let out = self
-                .decide_in(&mut tx, keys, decide)
-                .await
-                .map_err(unavailable)?;
+            let out = self.decide_in(&mut tx, keys, decide).await.map_err(|e| {
+                self.noticed(&e);
+                unavailable(e)
+            })?;
             tx.commit().await.map_err(unavailable)?;
             Ok(out)
         };
-        match tokio::time::timeout(self.config.timeout(), work).await {
+        let result = match tokio::time::timeout(self.config.timeout(), work).await {
             Ok(result) => result,
             Err(_) => Err(StoreError::Timeout),
-        }
+        };
+        self.ready.store(result.is_ok(), Ordering::Relaxed);
+        result
     }
 
     /// Locks `keys`, reads their rows, lets `decide` decide on them, and
@@ -306,6 +370,33 @@ impl PostgresStore {
                 Ok(Nanos(micros.saturating_mul(1_000)))
             }
         }
+    }
+}
+
+/// How often the store asks the database whether it answers.
+const PING_EVERY: Duration = Duration::from_millis(250);
+
+/// How often the upkeep drops rows that hold nothing any more.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
+
+/// The store's upkeep, for as long as a handle of it lives: a ping every
+/// [`PING_EVERY`], which keeps readiness current while no call comes (and
+/// finds out, before any call, whether the database answers at start),
+/// and a sweep every [`SWEEP_EVERY`].
+async fn upkeep(store: PostgresStore, alive: Weak<()>) {
+    let mut last_sweep = tokio::time::Instant::now();
+    while alive.strong_count() > 0 {
+        let _ = store.ping().await;
+        if store.is_ready() && last_sweep.elapsed() >= SWEEP_EVERY {
+            last_sweep = tokio::time::Instant::now();
+            // A sweep that fails leaves the rows for the next.
+            while let Ok(n) = store.sweep().await {
+                if n < SWEEP_BATCH as u64 || alive.strong_count() == 0 {
+                    break;
+                }
+            }
+        }
+        tokio::time::sleep(PING_EVERY).await;
     }
 }
 

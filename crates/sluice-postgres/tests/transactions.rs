@@ -301,3 +301,34 @@ async fn four_stores_on_one_database_never_admit_more_than_the_bound() {
         assert!(within <= 100, "{within} admitted within one second");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tables_that_went_missing_are_made_again_by_the_call_after_the_one_that_found_them_gone() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::new(config(&server));
+    let limit = bucket("gone", 2.0);
+    assert!(
+        store
+            .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+            .await
+            .unwrap()
+            .allowed
+    );
+    // A database restored from a backup older than the tables.
+    let mut probe = connect(&server).await;
+    sqlx::query("DROP SCHEMA sluice CASCADE")
+        .execute(&mut probe)
+        .await
+        .unwrap();
+    assert!(
+        store
+            .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+            .await
+            .is_err()
+    );
+    let d = store
+        .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    assert!(d.allowed && d.remaining == 1, "{d:?}");
+}

@@ -29,8 +29,9 @@ pub(crate) struct PolicyFile {
 /// `--store`: the store a server opens instead of the one its policy names.
 #[derive(Debug, Args)]
 pub(crate) struct StoreFlag {
-    /// The store, overriding the policy's: `memory`, or a `redis://`,
-    /// `rediss://` or `redis+cluster://` URL.
+    /// The store, overriding the policy's: `memory`, a `redis://`,
+    /// `rediss://` or `redis+cluster://` URL, or a `postgres://` or
+    /// `postgresql://` URL.
     #[arg(
         id = "store",
         long = "store",

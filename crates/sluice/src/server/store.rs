@@ -1,4 +1,5 @@
-//! The store a server runs on, chosen at start-up: in memory or Redis.
+//! The store a server runs on, chosen at start-up: in memory, Redis or
+//! PostgreSQL.
 
 use std::fmt;
 use std::sync::Arc;
@@ -10,6 +11,7 @@ use sluice_core::{
 };
 use sluice_engine::Enforcer;
 use sluice_policy::StoreConfig;
+use sluice_postgres::{PostgresConfig, PostgresStore};
 use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 
 /// Either store, behind the one [`Store`] trait. The memory store's clock
@@ -19,6 +21,9 @@ pub enum AnyStore<C = SystemClock> {
     Memory(MemoryStore<C>),
     /// A Redis server or cluster.
     Redis(RedisStore),
+    /// A PostgreSQL database; boxed, since its handle is several times
+    /// the others' size.
+    Postgres(Box<PostgresStore>),
 }
 
 /// The store that `--store` (when given) or the policy names, before it is
@@ -32,17 +37,36 @@ pub(crate) struct Choice<'a> {
 enum Kind<'a> {
     Memory(Option<usize>),
     Redis(&'a str, Option<Duration>),
+    Postgres(Box<PostgresConfig>),
 }
 
 impl<'a> Choice<'a> {
     /// What `flag`, when given, or else `policy` chooses.
     pub(crate) fn of(flag: Option<&'a str>, policy: &'a StoreConfig) -> anyhow::Result<Self> {
+        let postgres =
+            |url: &str| url.starts_with("postgres://") || url.starts_with("postgresql://");
         let kind = match flag {
             Some("memory") => Kind::Memory(None),
+            Some(url) if postgres(url) => Kind::Postgres(Box::new(PostgresConfig::from_url(url)?)),
             Some(url) => Kind::Redis(url, None),
             None => match policy {
                 StoreConfig::Memory { max_keys } => Kind::Memory(*max_keys),
                 StoreConfig::Redis { url, timeout } => Kind::Redis(url, *timeout),
+                StoreConfig::Postgres {
+                    url,
+                    timeout,
+                    schema,
+                    durable,
+                } => {
+                    let mut config = PostgresConfig::from_url(url)?.with_durable(*durable);
+                    if let Some(t) = timeout {
+                        config = config.with_timeout(*t);
+                    }
+                    if let Some(s) = schema {
+                        config = config.with_schema(s)?;
+                    }
+                    Kind::Postgres(Box::new(config))
+                }
                 _ => anyhow::bail!("the policy names a store this build cannot open"),
             },
         };
@@ -59,6 +83,7 @@ impl fmt::Display for Choice<'_> {
             Kind::Memory(None) => f.write_str("memory")?,
             Kind::Memory(Some(max)) => write!(f, "memory, at most {max} keys")?,
             Kind::Redis(url, _) => f.write_str(&sluice_redis::mask_password(url))?,
+            Kind::Postgres(ref config) => write!(f, "{config}")?,
         }
         if self.by_flag {
             f.write_str(" (from --store)")?;
@@ -91,6 +116,9 @@ impl AnyStore<SystemClock> {
                 }
                 Ok(AnyStore::Redis(RedisStore::new(config)?))
             }
+            Kind::Postgres(ref config) => Ok(AnyStore::Postgres(Box::new(PostgresStore::new(
+                (**config).clone(),
+            )))),
         }
     }
 }
@@ -140,13 +168,14 @@ impl<C: Clock> AnyStore<C> {
         match self {
             AnyStore::Memory(_) => true,
             AnyStore::Redis(r) => r.is_ready(),
+            AnyStore::Postgres(p) => p.is_ready(),
         }
     }
 
     /// What the Redis store has done, for its metrics; `None` in memory.
     pub fn redis_stats(&self) -> Option<RedisStats> {
         match self {
-            AnyStore::Memory(_) => None,
+            AnyStore::Memory(_) | AnyStore::Postgres(_) => None,
             AnyStore::Redis(r) => Some(r.stats()),
         }
     }
@@ -156,7 +185,7 @@ impl<C: Clock> AnyStore<C> {
     pub fn keys_held(&self) -> Option<usize> {
         match self {
             AnyStore::Memory(m) => Some(m.len()),
-            AnyStore::Redis(_) => None,
+            AnyStore::Redis(_) | AnyStore::Postgres(_) => None,
         }
     }
 }
@@ -170,6 +199,7 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
         match self {
             AnyStore::Memory(m) => m.transact_now(ops, mode),
             AnyStore::Redis(r) => Box::pin(r.transact(ops, mode)).await,
+            AnyStore::Postgres(p) => Box::pin(p.transact(ops, mode)).await,
         }
     }
 
@@ -180,6 +210,7 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
                 Ok(())
             }
             AnyStore::Redis(r) => Box::pin(r.reset(limit, key)).await,
+            AnyStore::Postgres(p) => Box::pin(p.reset(limit, key)).await,
         }
     }
 
@@ -187,6 +218,7 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
         match self {
             AnyStore::Memory(m) => Ok(m.value_now(limit, key)),
             AnyStore::Redis(r) => Box::pin(r.value(limit, key)).await,
+            AnyStore::Postgres(p) => Box::pin(p.value(limit, key)).await,
         }
     }
 
@@ -199,6 +231,7 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
         match self {
             AnyStore::Memory(m) => m.settle_now(limit, key, change),
             AnyStore::Redis(r) => Box::pin(r.settle(limit, key, change)).await,
+            AnyStore::Postgres(p) => Box::pin(p.settle(limit, key, change)).await,
         }
     }
 
@@ -206,6 +239,7 @@ impl<C: Clock + Send + Sync + 'static> Store for AnyStore<C> {
         match self {
             AnyStore::Memory(m) => Ok(m.release_now(limit, key, id)),
             AnyStore::Redis(r) => Box::pin(r.release(limit, key, id)).await,
+            AnyStore::Postgres(p) => Box::pin(p.release(limit, key, id)).await,
         }
     }
 }
