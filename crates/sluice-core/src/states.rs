@@ -293,6 +293,18 @@ impl<K: Hash + Eq + Clone> States<K> {
             alg: None,
             changed: false,
         });
+        if let Some(prev) = entry.alg
+            && Kind::of(&prev) != Kind::of(alg)
+        {
+            // An earlier call on these states used the key under another
+            // kind (a store deciding a batch of calls, some queued before a
+            // reload changed the limit's kind): what it left is read as a
+            // row of another kind is, never as no row.
+            if let Some(state) = &entry.state {
+                entry.empty_at = empty_at(&prev, state);
+            }
+            entry.alg = None;
+        }
         if entry.alg.is_none() {
             if entry.empty_at <= now && !entry.changed {
                 entry.state = None;
@@ -313,8 +325,10 @@ impl<K: Hash + Eq + Clone> States<K> {
                     Algorithm::Concurrency(c) => Leases::emptiest(c, at, now).map(Stored::Leases),
                 };
             }
-            entry.alg = Some(*alg);
         }
+        // The latest configuration of the kind decides when the state is
+        // empty, as it would in a call of its own.
+        entry.alg = Some(*alg);
         entry
     }
 

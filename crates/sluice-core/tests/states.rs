@@ -143,3 +143,34 @@ fn a_store_of_rows_deciding_through_states_conforms() {
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     assert!(suite.as_mut().poll(&mut cx).is_ready());
 }
+
+/// A store deciding a batch of calls on one `States` may meet a key under
+/// two kinds of state in it: calls queued before a reload changed the
+/// limit's kind, and after. What the first kind spent must hold the second
+/// back, as it does across two calls.
+#[test]
+fn a_key_used_under_two_kinds_in_one_batch_grants_no_burst() {
+    let log = Limit::new(
+        "login",
+        sluice_core::SlidingLog::per_period(5.0, Nanos(60 * Nanos::PER_SEC)).unwrap(),
+    );
+    let bucket = Limit::new(
+        "login",
+        sluice_core::TokenBucket::new(5.0 / 60.0, 5.0).unwrap(),
+    );
+    let key = |_: usize, _: u32| row(&log, "k", 0);
+    let now = Nanos(1_000 * Nanos::PER_SEC);
+    let mut states = States::new();
+    states.read(key(0, 0), None, Nanos(i64::MIN));
+    for _ in 0..5 {
+        let out = states.transact(&[Op::new(&log, "k", 1.0)], key, Mode::CONSUME, now);
+        assert!(out.unwrap().allowed);
+    }
+    let under_bucket = states.transact(&[Op::new(&bucket, "k", 1.0)], key, Mode::CONSUME, now);
+    assert!(!under_bucket.unwrap().allowed, "the log's five are spent");
+    let back = states.transact(&[Op::new(&log, "k", 1.0)], key, Mode::CONSUME, now);
+    assert!(!back.unwrap().allowed, "back under the log, still spent");
+    let (_, written) = states.writes().next().unwrap();
+    let (_, empty_at) = written.unwrap();
+    assert_eq!(empty_at, Nanos(now.0 + 60 * Nanos::PER_SEC));
+}

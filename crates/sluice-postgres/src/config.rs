@@ -40,12 +40,15 @@ pub struct PostgresConfig {
     timeout: Duration,
     pool_size: u32,
     durable: bool,
+    max_batch: usize,
+    max_in_flight: usize,
 }
 
 impl PostgresConfig {
     /// The database at `url` (`postgres://` or `postgresql://`, TLS as its
     /// `sslmode` says), with the defaults: schema `sluice`, a deadline of
-    /// 100 ms a call, at most 16 connections, a durable table.
+    /// 100 ms a call, at most 16 connections, a durable table, batches of
+    /// at most 256 calls, at most 4 of them in flight at once.
     pub fn from_url(url: &str) -> Result<Self, ConfigError> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
             return Err(ConfigError::Url(
@@ -61,6 +64,12 @@ impl PostgresConfig {
             timeout: Duration::from_millis(100),
             pool_size: 16,
             durable: true,
+            max_batch: 256,
+            // Enough for batches on different keys to keep a few of the
+            // database's cores busy; few enough that, on one hot key, whose
+            // batches run one after another, the calls queued meanwhile
+            // make large batches rather than many small ones.
+            max_in_flight: 4,
         })
     }
 
@@ -90,6 +99,22 @@ impl PostgresConfig {
         self
     }
 
+    /// Decides queued calls in batches of at most `max_batch` (at least 1),
+    /// each one database transaction, with at most `max_in_flight` (at
+    /// least 1) batches in flight at once.
+    ///
+    /// ```
+    /// use sluice_postgres::PostgresConfig;
+    /// let c = PostgresConfig::from_url("postgres://u@localhost/db")?.with_batching(0, 2);
+    /// assert_eq!((c.max_batch(), c.max_in_flight()), (1, 2));
+    /// # Ok::<_, sluice_postgres::ConfigError>(())
+    /// ```
+    pub fn with_batching(mut self, max_batch: usize, max_in_flight: usize) -> Self {
+        self.max_batch = max_batch.max(1);
+        self.max_in_flight = max_in_flight.max(1);
+        self
+    }
+
     /// Whether the table survives a crash of the database (`true`, the
     /// default) or is an unlogged table, faster to write and emptied by a
     /// crash. It is chosen when the table is created.
@@ -116,6 +141,16 @@ impl PostgresConfig {
     /// Whether the table is made durable.
     pub fn durable(&self) -> bool {
         self.durable
+    }
+
+    /// The most calls one batch decides.
+    pub fn max_batch(&self) -> usize {
+        self.max_batch
+    }
+
+    /// The most batches in flight at once.
+    pub fn max_in_flight(&self) -> usize {
+        self.max_in_flight
     }
 }
 

@@ -38,4 +38,4 @@ mod store;
 
 pub use config::{ConfigError, PostgresConfig};
 pub use schema::{SCHEMA_VERSION, SchemaError};
-pub use store::{InTransactionError, PostgresStore};
+pub use store::{InTransactionError, PostgresStats, PostgresStore};

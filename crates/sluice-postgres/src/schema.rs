@@ -20,13 +20,15 @@ pub(crate) struct Statements {
     pub(crate) lock: String,
     /// The time on the database's clock, in microseconds since the epoch.
     pub(crate) now: &'static str,
-    /// The rows of the keys `$1`, `$2`, `$3`, locked against writers.
+    /// The time on the database's clock (as `now`) in the first column of
+    /// every row, and the rows of the keys `$1`, `$2`, `$3`, locked
+    /// against writers, in the others; one row of nulls but the time when
+    /// none of the keys has a row.
     pub(crate) read: String,
-    /// Writes rows: `$1`..`$3` their keys, `$4` their states, `$5` when
-    /// each holds nothing any more.
+    /// Writes rows (`$1`..`$3` their keys, `$4` their states, `$5` when
+    /// each holds nothing any more) and drops the rows of the keys `$6`,
+    /// `$7`, `$8`.
     pub(crate) write: String,
-    /// Drops the rows of the keys `$1`, `$2`, `$3`.
-    pub(crate) drop: String,
     /// Drops up to `$2` rows that hold nothing at `$1`, skipping rows a
     /// call holds.
     pub(crate) sweep: String,
@@ -46,17 +48,23 @@ impl Statements {
                  ORDER BY h"
             ),
             now: "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8",
+            // The statement's own time, read once its locks are held (the
+            // statement before this one took them), and in the same round
+            // trip as the rows.
             read: format!(
-                "SELECT limit_name, key, shard, state, empty_at FROM {keys} \
-                 WHERE (limit_name, key, shard) IN ({named}) FOR UPDATE"
+                "WITH found AS (SELECT limit_name, key, shard, state, empty_at FROM {keys} \
+                 WHERE (limit_name, key, shard) IN ({named}) FOR UPDATE) \
+                 SELECT (extract(epoch FROM statement_timestamp()) * 1000000)::int8, found.* \
+                 FROM (VALUES (1)) AS one LEFT JOIN found ON true"
             ),
             write: format!(
-                "INSERT INTO {keys} (limit_name, key, shard, state, empty_at) \
+                "WITH dropped AS (DELETE FROM {keys} WHERE (limit_name, key, shard) IN \
+                 (SELECT * FROM unnest($6::text[], $7::text[], $8::int4[]))) \
+                 INSERT INTO {keys} (limit_name, key, shard, state, empty_at) \
                  SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::bytea[], $5::int8[]) \
                  ON CONFLICT (limit_name, key, shard) \
                  DO UPDATE SET state = excluded.state, empty_at = excluded.empty_at"
             ),
-            drop: format!("DELETE FROM {keys} WHERE (limit_name, key, shard) IN ({named})"),
             sweep: format!(
                 "DELETE FROM {keys} WHERE ctid IN (SELECT ctid FROM {keys} \
                  WHERE empty_at <= $1 LIMIT $2 FOR UPDATE SKIP LOCKED)"

@@ -2,8 +2,8 @@
 //! on them ([`States`]), and writes back what changed, in one database
 //! transaction of its own or of the caller's.
 
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use sluice_core::states::{States, Stored};
@@ -11,7 +11,9 @@ use sluice_core::{
     Clock, CostError, Decision, Limit, Mode, Nanos, Op, Outcome, Settle, Store, StoreError, Value,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Acquire, PgConnection, Row as _};
+use sqlx::{Acquire, Connection as _, PgConnection, Row as _};
+use tokio::sync::{Semaphore, mpsc, oneshot};
+use tokio::time::Instant;
 
 use crate::config::PostgresConfig;
 use crate::schema::{self, SchemaError, Statements};
@@ -23,9 +25,19 @@ pub(crate) type Row = (String, String, u32);
 /// holds its row locks for a moment only.
 const SWEEP_BATCH: i64 = 1_000;
 
+/// The most calls queued for a batch, per store: a caller beyond it waits,
+/// within its deadline, for room.
+const MAX_QUEUED: usize = 4_096;
+
 /// Limits kept in PostgreSQL, shared by every server that uses the same
 /// database, and decided, if the caller likes, inside its own transaction
 /// ([`PostgresStore::transact_in`]).
+///
+/// Calls of the [`Store`] trait are queued and decided in batches: one
+/// database transaction locks the rows of every call in a batch, the core
+/// decides the calls in the order they came, and one commit writes them
+/// back. When the database is idle a call leaves at once, alone; under
+/// load, calls queue while batches are in flight, and batches grow.
 ///
 /// ```no_run
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
@@ -39,20 +51,69 @@ const SWEEP_BATCH: i64 = 1_000;
 /// ```
 #[derive(Clone)]
 pub struct PostgresStore {
+    shared: Arc<Shared>,
+    /// Calls waiting for a batch. The store's tasks hold it weakly, so they
+    /// end when the last handle goes.
+    queue: mpsc::Sender<Box<dyn Queued>>,
+}
+
+/// What the store's handles and its tasks share.
+struct Shared {
     pool: PgPool,
     config: PostgresConfig,
-    sql: Arc<Statements>,
+    sql: Statements,
     /// The time calls are decided at, when not the database's (tests).
     clock: Option<Arc<dyn Clock>>,
     /// Whether the tables are known to be there: set by a migration, and
     /// cleared by a call that finds them gone (a database restored from an
     /// older backup, a crash that lost their making).
-    migrated: Arc<AtomicBool>,
+    migrated: AtomicBool,
     /// Whether the database answered the last call or health check.
-    ready: Arc<AtomicBool>,
-    /// Held while any handle of the store is: its upkeep stops when the
-    /// last one goes.
-    alive: Arc<()>,
+    ready: AtomicBool,
+    /// Whether the database refused the last connection the upkeep tried to
+    /// open: until it accepts one, calls fail at once instead of waiting
+    /// out their deadline on a pool that retries in vain.
+    refused: AtomicBool,
+    counters: Counters,
+}
+
+/// Counters of what the store did, for metrics.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PostgresStats {
+    /// Calls decided in a batch that committed.
+    pub decided: u64,
+    /// Batches committed, each one database transaction.
+    pub batches: u64,
+    /// Batches that failed with an error other than a timeout; each
+    /// failed every call in it.
+    pub errors: u64,
+    /// Batches that missed the deadline of every call in them.
+    pub timeouts: u64,
+    /// Connections taken from the pool for a batch.
+    pub pool_acquires: u64,
+    /// The time those took, in microseconds: time spent waiting for a
+    /// connection when the pool is busy, or for one to be opened.
+    pub pool_wait_micros: u64,
+    /// Rows swept, holding nothing any more.
+    pub swept: u64,
+    /// Calls waiting in the queue now (a gauge, not a count).
+    pub queued: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    decided: AtomicU64,
+    batches: AtomicU64,
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+    pool_acquires: AtomicU64,
+    pool_wait_micros: AtomicU64,
+    swept: AtomicU64,
+}
+
+fn bump(counter: &AtomicU64, by: u64) {
+    counter.fetch_add(by, Ordering::Relaxed);
 }
 
 /// What went wrong deciding inside a caller's transaction.
@@ -106,7 +167,8 @@ impl InTransactionError {
 impl PostgresStore {
     /// A store on the database `config` names. No connection is made until
     /// the first call, which also makes the tables if they are missing.
-    /// Call it within a Tokio runtime: the pool's upkeep runs on it.
+    /// Call it within a Tokio runtime: the pool's upkeep and the batches
+    /// run on it.
     pub fn new(config: PostgresConfig) -> PostgresStore {
         Self::with_time(config, None)
     }
@@ -124,38 +186,73 @@ impl PostgresStore {
             // The wait for a connection is inside each call's deadline.
             .acquire_timeout(config.timeout())
             .connect_lazy_with(config.options.clone());
-        let store = PostgresStore {
+        let shared = Arc::new(Shared {
             pool,
-            sql: Arc::new(Statements::for_schema(config.schema())),
+            sql: Statements::for_schema(config.schema()),
             config,
             clock,
-            migrated: Arc::new(AtomicBool::new(false)),
-            ready: Arc::new(AtomicBool::new(false)),
-            alive: Arc::new(()),
-        };
-        tokio::spawn(upkeep(
-            store.clone_for_upkeep(),
-            Arc::downgrade(&store.alive),
-        ));
-        store
-    }
-
-    /// A handle for the upkeep task, which must not keep the store alive.
-    fn clone_for_upkeep(&self) -> PostgresStore {
-        PostgresStore {
-            alive: Arc::new(()),
-            ..self.clone()
-        }
+            migrated: AtomicBool::new(false),
+            ready: AtomicBool::new(false),
+            refused: AtomicBool::new(false),
+            counters: Counters::default(),
+        });
+        let (queue, calls) = mpsc::channel(MAX_QUEUED);
+        tokio::spawn(dispatch(shared.clone(), calls));
+        tokio::spawn(upkeep(shared.clone(), queue.downgrade()));
+        PostgresStore { shared, queue }
     }
 
     /// Whether the database answered the last call or health check.
     pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
+        self.shared.ready.load(Ordering::Relaxed)
     }
 
     /// Asks the database for `SELECT 1` within the deadline, updating
     /// [`PostgresStore::is_ready`].
     pub async fn ping(&self) -> Result<(), StoreError> {
+        self.shared.ping().await
+    }
+
+    /// Its configuration.
+    pub fn config(&self) -> &PostgresConfig {
+        &self.shared.config
+    }
+
+    /// What the store has done so far.
+    pub fn stats(&self) -> PostgresStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        PostgresStats {
+            decided: get(&c.decided),
+            batches: get(&c.batches),
+            errors: get(&c.errors),
+            timeouts: get(&c.timeouts),
+            pool_acquires: get(&c.pool_acquires),
+            pool_wait_micros: get(&c.pool_wait_micros),
+            swept: get(&c.swept),
+            queued: (self.queue.max_capacity() - self.queue.capacity()) as u64,
+        }
+    }
+
+    /// Makes the tables if they are missing, and checks the version of
+    /// those already there: what the first call does, and `sluice migrate`.
+    pub async fn migrate(&self) -> Result<(), SchemaError> {
+        self.shared.migrate().await
+    }
+
+    /// Drops up to a thousand rows that hold nothing any more, skipping any
+    /// a call holds; returns how many it dropped. A row past its time is
+    /// read as no row, so this only gives the room back.
+    pub async fn sweep(&self) -> Result<u64, StoreError> {
+        self.shared.sweep().await
+    }
+}
+
+impl Shared {
+    async fn ping(&self) -> Result<(), StoreError> {
+        if !self.ready.load(Ordering::Relaxed) {
+            self.probe().await?;
+        }
         let work = async {
             sqlx::query("SELECT 1")
                 .execute(&self.pool)
@@ -166,18 +263,49 @@ impl PostgresStore {
             .await
             .unwrap_or(Err(StoreError::Timeout))
             .map(|_| ());
+        if result.is_err() {
+            // Before readiness says so: a caller that sees the store not
+            // ready finds calls failing at once if the database refuses.
+            let _ = self.probe().await;
+        }
         self.ready.store(result.is_ok(), Ordering::Relaxed);
         result
     }
 
-    /// Its configuration.
-    pub fn config(&self) -> &PostgresConfig {
-        &self.config
+    /// Opens a connection of its own, and notes whether the database
+    /// refused it: the pool's attempts hide why they failed, and a refusal
+    /// is what lets calls fail at once.
+    async fn probe(&self) -> Result<(), StoreError> {
+        let opened = tokio::time::timeout(
+            self.config.timeout(),
+            PgConnection::connect_with(&self.config.options),
+        )
+        .await;
+        match opened {
+            Ok(Ok(conn)) => {
+                self.refused.store(false, Ordering::Relaxed);
+                let _ = conn.close().await;
+                Ok(())
+            }
+            Ok(Err(e @ sqlx::Error::Io(_))) => {
+                self.refused.store(true, Ordering::Relaxed);
+                self.ready.store(false, Ordering::Relaxed);
+                Err(unavailable(e))
+            }
+            // Refused for another reason (a password, a database that is
+            // not there), or no answer: calls find out for themselves.
+            Ok(Err(e)) => {
+                self.refused.store(false, Ordering::Relaxed);
+                Err(unavailable(e))
+            }
+            Err(_) => {
+                self.refused.store(false, Ordering::Relaxed);
+                Err(StoreError::Timeout)
+            }
+        }
     }
 
-    /// Makes the tables if they are missing, and checks the version of
-    /// those already there: what the first call does, and `sluice migrate`.
-    pub async fn migrate(&self) -> Result<(), SchemaError> {
+    async fn migrate(&self) -> Result<(), SchemaError> {
         if self.migrated.load(Ordering::Acquire) {
             return Ok(());
         }
@@ -199,6 +327,38 @@ impl PostgresStore {
             self.migrated.store(false, Ordering::Release);
         }
     }
+
+    async fn sweep(&self) -> Result<u64, StoreError> {
+        let work = async {
+            self.migrate().await.map_err(unavailable)?;
+            let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+            let now = self.now(&mut conn).await.map_err(unavailable)?;
+            sqlx::query(&self.sql.sweep)
+                .bind(now.0)
+                .bind(SWEEP_BATCH)
+                .execute(&mut *conn)
+                .await
+                .map(|done| done.rows_affected())
+                .map_err(unavailable)
+        };
+        let swept = tokio::time::timeout(self.config.timeout(), work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))?;
+        bump(&self.counters.swept, swept);
+        Ok(swept)
+    }
+
+    /// The time calls are decided at: the database's clock, read on `conn`,
+    /// unless the store was given a clock of its own.
+    async fn now(&self, conn: &mut PgConnection) -> Result<Nanos, sqlx::Error> {
+        match &self.clock {
+            Some(clock) => Ok(clock.now()),
+            None => {
+                let micros: i64 = sqlx::query_scalar(self.sql.now).fetch_one(conn).await?;
+                Ok(Nanos(micros.saturating_mul(1_000)))
+            }
+        }
+    }
 }
 
 // ---- Deciding ----
@@ -217,7 +377,8 @@ impl PostgresStore {
     /// a decision made on what it held before.
     ///
     /// There is no deadline here: the caller's transaction has its own
-    /// (`statement_timeout`, `lock_timeout`).
+    /// (`statement_timeout`, `lock_timeout`). Nor is the call batched with
+    /// others: it is the caller's transaction that commits it.
     pub async fn transact_in(
         &self,
         conn: &mut PgConnection,
@@ -227,41 +388,108 @@ impl PostgresStore {
         for op in ops {
             op.validate(mode.reserve)?;
         }
-        self.migrate().await?;
+        self.shared.migrate().await?;
         let keys = op_rows(ops);
         let outcome = self
+            .shared
             .decide_in(conn, &keys, |states, now| {
                 states.transact(ops, |i, s| row(ops[i].limit, ops[i].key, s), mode, now)
             })
             .await
-            .inspect_err(|e| self.noticed(e))?;
+            .inspect_err(|e| self.shared.noticed(e))?;
         Ok(outcome?)
     }
 
-    /// Runs `decide` on `keys` in a transaction of the store's own, within
-    /// the deadline.
-    async fn run<R>(
-        &self,
-        keys: &[Row],
-        decide: impl FnOnce(&mut States<Row>, Nanos) -> R,
-    ) -> Result<R, StoreError> {
+    /// Queues a call that `decide` decides on the rows `keys`, and waits,
+    /// within the deadline, for the batch it joins to commit.
+    async fn run<R, F>(&self, keys: Vec<Row>, decide: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut States<Row>, Nanos) -> R + Send + 'static,
+    {
+        let deadline = Instant::now() + self.shared.config.timeout();
+        let (reply, answer) = oneshot::channel();
+        let job = Box::new(Job {
+            rows: keys,
+            deadline,
+            decide: Some(decide),
+            decided: None,
+            reply,
+        });
+        let wait = async {
+            self.queue
+                .send(job)
+                .await
+                .map_err(|_| StoreError::Unavailable("the store has stopped".into()))?;
+            answer
+                .await
+                .unwrap_or_else(|_| Err(StoreError::Unavailable("the store has stopped".into())))
+        };
+        // A caller that gives up (its deadline, or its client gone) drops
+        // its end of the reply; a batch not yet made leaves it out.
+        tokio::time::timeout_at(deadline, wait)
+            .await
+            .unwrap_or(Err(StoreError::Timeout))
+    }
+}
+
+impl Shared {
+    /// Decides `jobs` as one database transaction, in the order they came,
+    /// and answers each: with its decision once the transaction commits, or
+    /// with why it failed. It gives up at the latest of the jobs' deadlines,
+    /// when nobody waits for it any more.
+    async fn batch(&self, mut jobs: Vec<Box<dyn Queued>>) {
+        let mut rows: Vec<Row> = jobs.iter().flat_map(|j| j.rows().iter().cloned()).collect();
+        rows.sort_unstable();
+        rows.dedup();
+        let Some(deadline) = jobs.iter().map(|j| j.deadline()).max() else {
+            return;
+        };
         let work = async {
+            if self.refused.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable(
+                    "the database refuses connections".into(),
+                ));
+            }
             self.migrate().await.map_err(unavailable)?;
+            let asked = Instant::now();
             let mut conn = self.pool.acquire().await.map_err(unavailable)?;
+            bump(&self.counters.pool_acquires, 1);
+            let waited = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
+            bump(&self.counters.pool_wait_micros, waited);
             let mut tx = conn.begin().await.map_err(unavailable)?;
-            let out = self.decide_in(&mut tx, keys, decide).await.map_err(|e| {
+            self.decide_in(&mut tx, &rows, |states, now| {
+                for job in &mut jobs {
+                    job.decide(states, now);
+                }
+            })
+            .await
+            .map_err(|e| {
                 self.noticed(&e);
                 unavailable(e)
             })?;
-            tx.commit().await.map_err(unavailable)?;
-            Ok(out)
+            tx.commit().await.map_err(unavailable)
         };
-        let result = match tokio::time::timeout(self.config.timeout(), work).await {
-            Ok(result) => result,
-            Err(_) => Err(StoreError::Timeout),
-        };
+        let result = tokio::time::timeout_at(deadline, work)
+            .await
+            .unwrap_or(Err(StoreError::Timeout));
+        match &result {
+            Ok(()) => {
+                bump(&self.counters.batches, 1);
+                bump(&self.counters.decided, jobs.len() as u64);
+            }
+            Err(StoreError::Timeout) => bump(&self.counters.timeouts, 1),
+            Err(_) => bump(&self.counters.errors, 1),
+        }
+        for job in jobs {
+            job.answer(result.as_ref().err());
+        }
+        if result.is_err() && !self.refused.load(Ordering::Relaxed) {
+            // Before readiness says so, as the upkeep's ping does. Once the
+            // database is known to refuse, the upkeep alone asks again.
+            let _ = self.probe().await;
+        }
         self.ready.store(result.is_ok(), Ordering::Relaxed);
-        result
     }
 
     /// Locks `keys`, reads their rows, lets `decide` decide on them, and
@@ -281,7 +509,6 @@ impl PostgresStore {
             .await?;
         // Read once the locks are held, so that no call on these keys that
         // came before this one can have read a later time.
-        let now = self.now(&mut *conn).await?;
         let rows: Vec<PgRow> = sqlx::query(&self.sql.read)
             .bind(&limits)
             .bind(&names)
@@ -290,20 +517,33 @@ impl PostgresStore {
             .await?;
         let mut states = States::new();
         for k in keys {
-            if !states.has(k) {
-                states.read(k.clone(), None, Nanos(i64::MIN));
-            }
+            states.read(k.clone(), None, Nanos(i64::MIN));
         }
+        let mut db_now = None;
         for r in rows {
-            let shard: i32 = r.try_get(2)?;
-            let key: Row = (r.try_get(0)?, r.try_get(1)?, shard as u32);
-            let bytes: Vec<u8> = r.try_get(3)?;
-            let empty_at = Nanos(r.try_get(4)?);
+            db_now = Some(r.try_get::<i64, _>(0)?);
+            let Some(limit) = r.try_get::<Option<String>, _>(1)? else {
+                // The one row of a read that found none.
+                continue;
+            };
+            let shard: i32 = r.try_get(3)?;
+            let key: Row = (limit, r.try_get(2)?, shard as u32);
+            let bytes: Vec<u8> = r.try_get(4)?;
+            let empty_at = Nanos(r.try_get(5)?);
             match Stored::from_bytes(&bytes) {
                 Some(state) => states.read(key, Some(state), empty_at),
                 None => states.read_unknown(key, empty_at),
             }
         }
+        let now = match &self.clock {
+            Some(clock) => clock.now(),
+            None => {
+                let micros = db_now.ok_or_else(|| {
+                    sqlx::Error::Protocol("the read returned no row and no time".into())
+                })?;
+                Nanos(micros.saturating_mul(1_000))
+            }
+        };
         let out = decide(&mut states, now);
         let (mut written, mut dropped) = (Vec::new(), Vec::new());
         for (k, write) in states.writes() {
@@ -312,69 +552,143 @@ impl PostgresStore {
                 None => dropped.push(k),
             }
         }
-        if !written.is_empty() {
-            let (limits, names, shards) = columns(written.iter().map(|w| w.0));
-            let bytes: Vec<&[u8]> = written.iter().map(|w| w.1.as_slice()).collect();
-            let times: Vec<i64> = written.iter().map(|w| w.2).collect();
-            sqlx::query(&self.sql.write)
-                .bind(&limits)
-                .bind(&names)
-                .bind(&shards)
-                .bind(&bytes)
-                .bind(&times)
-                .execute(&mut *conn)
-                .await?;
-        }
-        if !dropped.is_empty() {
-            let (limits, names, shards) = columns(dropped.into_iter());
-            sqlx::query(&self.sql.drop)
-                .bind(&limits)
-                .bind(&names)
-                .bind(&shards)
-                .execute(&mut *conn)
-                .await?;
+        if !(written.is_empty() && dropped.is_empty()) {
+            self.write(&mut *conn, &written, &dropped).await?;
         }
         Ok(out)
     }
 
-    /// Drops up to a thousand rows that hold nothing any more, skipping any
-    /// a call holds; returns how many it dropped. A row past its time is
-    /// read as no row, so this only gives the room back.
-    pub async fn sweep(&self) -> Result<u64, StoreError> {
-        let work = async {
-            self.migrate().await.map_err(unavailable)?;
-            let mut conn = self.pool.acquire().await.map_err(unavailable)?;
-            let now = self.now(&mut conn).await.map_err(unavailable)?;
-            sqlx::query(&self.sql.sweep)
-                .bind(now.0)
-                .bind(SWEEP_BATCH)
-                .execute(&mut *conn)
-                .await
-                .map(|done| done.rows_affected())
-                .map_err(unavailable)
-        };
-        tokio::time::timeout(self.config.timeout(), work)
-            .await
-            .unwrap_or(Err(StoreError::Timeout))
+    /// Writes `written` (each a key, its state's bytes and when it holds
+    /// nothing any more) and drops the rows of `dropped`, in one statement.
+    async fn write(
+        &self,
+        conn: &mut PgConnection,
+        written: &[(&Row, Vec<u8>, i64)],
+        dropped: &[&Row],
+    ) -> Result<(), sqlx::Error> {
+        let (limits, names, shards) = columns(written.iter().map(|w| w.0));
+        let bytes: Vec<&[u8]> = written.iter().map(|w| w.1.as_slice()).collect();
+        let times: Vec<i64> = written.iter().map(|w| w.2).collect();
+        let (d_limits, d_names, d_shards) = columns(dropped.iter().copied());
+        sqlx::query(&self.sql.write)
+            .bind(&limits)
+            .bind(&names)
+            .bind(&shards)
+            .bind(&bytes)
+            .bind(&times)
+            .bind(&d_limits)
+            .bind(&d_names)
+            .bind(&d_shards)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 }
 
-impl PostgresStore {
-    /// The time calls are decided at: the database's clock, read on `conn`,
-    /// unless the store was given a clock of its own.
-    async fn now(&self, conn: &mut PgConnection) -> Result<Nanos, sqlx::Error> {
-        match &self.clock {
-            Some(clock) => Ok(clock.now()),
-            None => {
-                let micros: i64 = sqlx::query_scalar(self.sql.now).fetch_one(conn).await?;
-                Ok(Nanos(micros.saturating_mul(1_000)))
+// ---- Batches ----
+
+/// A call waiting for a batch, whatever it decides and answers: one queue
+/// carries every kind of call.
+trait Queued: Send {
+    /// The rows the call may use.
+    fn rows(&self) -> &[Row];
+    /// When its caller stops waiting.
+    fn deadline(&self) -> Instant;
+    /// Whether its caller has stopped waiting already.
+    fn is_abandoned(&self) -> bool;
+    /// Decides the call on `states`, keeping the answer until the batch
+    /// commits.
+    fn decide(&mut self, states: &mut States<Row>, now: Nanos);
+    /// Sends the answer, or `failed` when the batch did not commit.
+    fn answer(self: Box<Self>, failed: Option<&StoreError>);
+}
+
+struct Job<R, F> {
+    rows: Vec<Row>,
+    deadline: Instant,
+    decide: Option<F>,
+    decided: Option<R>,
+    reply: oneshot::Sender<Result<R, StoreError>>,
+}
+
+impl<R, F> Queued for Job<R, F>
+where
+    R: Send,
+    F: FnOnce(&mut States<Row>, Nanos) -> R + Send,
+{
+    fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    fn is_abandoned(&self) -> bool {
+        self.reply.is_closed()
+    }
+
+    fn decide(&mut self, states: &mut States<Row>, now: Nanos) {
+        if let Some(decide) = self.decide.take() {
+            self.decided = Some(decide(states, now));
+        }
+    }
+
+    fn answer(self: Box<Self>, failed: Option<&StoreError>) {
+        let answer = match (failed, self.decided) {
+            (None, Some(decided)) => Ok(decided),
+            (Some(e), _) => Err(e.clone()),
+            (None, None) => Err(StoreError::Unavailable("the call was not decided".into())),
+        };
+        // A caller that stopped waiting has its answer from its deadline.
+        let _ = self.reply.send(answer);
+    }
+}
+
+/// Collects queued calls into batches. A batch leaves as soon as one of
+/// the [`PostgresConfig::max_in_flight`] slots is free, so under load the
+/// queue fills while batches are in flight and batches grow by themselves;
+/// when idle, a call leaves alone at once.
+async fn dispatch(shared: Arc<Shared>, mut calls: mpsc::Receiver<Box<dyn Queued>>) {
+    let in_flight = shared.config.max_in_flight();
+    let max = shared.config.max_batch();
+    let slots = Arc::new(Semaphore::new(in_flight));
+    while let Some(first) = calls.recv().await {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        if slots.available_permits() + 1 < in_flight {
+            // Another batch is in flight, so the database is busy: let the
+            // callers that are ready to run queue their calls first.
+            tokio::task::yield_now().await;
+        }
+        let mut batch = Vec::with_capacity(max.min(calls.len() + 1));
+        let mut next = Some(first);
+        while let Some(job) = next.take() {
+            if !job.is_abandoned() {
+                batch.push(job);
+            }
+            if batch.len() < max {
+                next = calls.try_recv().ok();
             }
         }
+        if batch.is_empty() {
+            continue;
+        }
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            shared.batch(batch).await;
+            drop(slot);
+        });
     }
 }
 
 /// How often the store asks the database whether it answers.
 const PING_EVERY: Duration = Duration::from_millis(250);
+
+/// How often it asks while the database does not answer: each time one
+/// connection attempt, refused at once.
+const PING_WHILE_DOWN: Duration = Duration::from_millis(25);
 
 /// How often the upkeep drops rows that hold nothing any more.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -382,21 +696,34 @@ const SWEEP_EVERY: Duration = Duration::from_secs(10);
 /// The store's upkeep, for as long as a handle of it lives: a ping every
 /// [`PING_EVERY`], which keeps readiness current while no call comes (and
 /// finds out, before any call, whether the database answers at start),
-/// and a sweep every [`SWEEP_EVERY`].
-async fn upkeep(store: PostgresStore, alive: Weak<()>) {
-    let mut last_sweep = tokio::time::Instant::now();
+/// the tables made once it answers, and a sweep every [`SWEEP_EVERY`].
+async fn upkeep(shared: Arc<Shared>, alive: mpsc::WeakSender<Box<dyn Queued>>) {
+    let mut last_sweep = Instant::now();
     while alive.strong_count() > 0 {
-        let _ = store.ping().await;
-        if store.is_ready() && last_sweep.elapsed() >= SWEEP_EVERY {
-            last_sweep = tokio::time::Instant::now();
+        let _ = shared.ping().await;
+        if shared.ready.load(Ordering::Relaxed) && !shared.migrated.load(Ordering::Acquire) {
+            // Made before the first call needs them, so that it does not
+            // spend its deadline on them; a failure is the first call's to
+            // report.
+            let _ = tokio::time::timeout(shared.config.timeout() * 10, shared.migrate()).await;
+        }
+        if shared.ready.load(Ordering::Relaxed) && last_sweep.elapsed() >= SWEEP_EVERY {
+            last_sweep = Instant::now();
             // A sweep that fails leaves the rows for the next.
-            while let Ok(n) = store.sweep().await {
+            while let Ok(n) = shared.sweep().await {
                 if n < SWEEP_BATCH as u64 || alive.strong_count() == 0 {
                     break;
                 }
             }
         }
-        tokio::time::sleep(PING_EVERY).await;
+        // While the database does not answer, ping often, so that calls
+        // resume soon after it does.
+        let pause = if shared.ready.load(Ordering::Relaxed) {
+            PING_EVERY
+        } else {
+            PING_WHILE_DOWN
+        };
+        tokio::time::sleep(pause).await;
     }
 }
 
@@ -440,6 +767,37 @@ fn columns<'a>(rows: impl Iterator<Item = &'a Row>) -> (Vec<&'a str>, Vec<&'a st
     out
 }
 
+/// An operation that owns what it names, to wait in the queue.
+struct OwnedOp {
+    limit: Limit,
+    key: String,
+    cost: f64,
+    pick: u64,
+    lease: u64,
+}
+
+impl OwnedOp {
+    fn of(op: &Op<'_>) -> OwnedOp {
+        OwnedOp {
+            limit: op.limit.clone(),
+            key: op.key.to_owned(),
+            cost: op.cost,
+            pick: op.pick,
+            lease: op.lease,
+        }
+    }
+
+    fn as_op(&self) -> Op<'_> {
+        Op {
+            limit: &self.limit,
+            key: &self.key,
+            cost: self.cost,
+            pick: self.pick,
+            lease: self.lease,
+        }
+    }
+}
+
 // ---- The Store trait ----
 
 impl Store for PostgresStore {
@@ -448,35 +806,38 @@ impl Store for PostgresStore {
             op.validate(mode.reserve)?;
         }
         let keys = op_rows(ops);
-        self.run(&keys, |states, now| {
-            states.transact(ops, |i, s| row(ops[i].limit, ops[i].key, s), mode, now)
+        let owned: Vec<OwnedOp> = ops.iter().map(OwnedOp::of).collect();
+        self.run(keys, move |states, now| {
+            let ops: Vec<Op<'_>> = owned.iter().map(OwnedOp::as_op).collect();
+            states.transact(&ops, |i, s| row(ops[i].limit, ops[i].key, s), mode, now)
         })
         .await?
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
         let keys = shard_rows(limit, key);
-        let (limits, names, shards) = columns(keys.iter());
+        let dropped: Vec<&Row> = keys.iter().collect();
+        let shared = &self.shared;
         let work = async {
-            self.migrate().await.map_err(unavailable)?;
-            sqlx::query(&self.sql.drop)
-                .bind(&limits)
-                .bind(&names)
-                .bind(&shards)
-                .execute(&self.pool)
+            shared.migrate().await.map_err(unavailable)?;
+            let mut conn = shared.pool.acquire().await.map_err(unavailable)?;
+            shared
+                .write(&mut conn, &[], &dropped)
                 .await
-                .map_err(unavailable)?;
-            Ok(())
+                .map_err(unavailable)
         };
-        tokio::time::timeout(self.config.timeout(), work)
+        tokio::time::timeout(shared.config.timeout(), work)
             .await
             .unwrap_or(Err(StoreError::Timeout))
     }
 
     async fn value(&self, limit: &Limit, key: &str) -> Result<Value, StoreError> {
         let keys = shard_rows(limit, key);
-        self.run(&keys, |states, now| states.value(limit, key, &keys, now))
-            .await
+        let (limit, key, shards) = (limit.clone(), key.to_owned(), keys.clone());
+        self.run(keys, move |states, now| {
+            states.value(&limit, &key, &shards, now)
+        })
+        .await
     }
 
     async fn settle(
@@ -487,8 +848,9 @@ impl Store for PostgresStore {
     ) -> Result<Decision, StoreError> {
         change.validate(limit)?;
         let keys = shard_rows(limit, key);
-        self.run(&keys, |states, now| {
-            states.settle(limit, key, &keys, change, now)
+        let (limit, key, shards) = (limit.clone(), key.to_owned(), keys.clone());
+        self.run(keys, move |states, now| {
+            states.settle(&limit, &key, &shards, change, now)
         })
         .await?
     }
@@ -498,7 +860,10 @@ impl Store for PostgresStore {
             return Ok(false);
         }
         let keys = shard_rows(limit, key);
-        self.run(&keys, |states, now| states.release(limit, &keys, id, now))
-            .await
+        let (limit, shards) = (limit.clone(), keys.clone());
+        self.run(keys, move |states, now| {
+            states.release(&limit, &shards, id, now)
+        })
+        .await
     }
 }

@@ -4,6 +4,7 @@
 use clap::{Parser, Subcommand};
 
 use crate::bench::BenchArgs;
+use crate::migrate::MigrateArgs;
 use crate::proxy::ProxyArgs;
 use crate::replay::ReplayArgs;
 use crate::serve::ServeArgs;
@@ -37,6 +38,9 @@ pub(crate) enum Command {
     /// thundering-herd, or one from a file) through every algorithm at one
     /// limit, and write report.html, its charts (SVG) and summary.json.
     Simulate(SimulateArgs),
+    /// Make a PostgreSQL store's tables, or check that those there are of
+    /// this release's version, before servers use them.
+    Migrate(MigrateArgs),
 }
 
 #[cfg(test)]

@@ -1,5 +1,5 @@
 //! The `sluice` command: `serve` (HTTP decision API, Envoy RLS and
-//! metrics), `proxy`, `bench`, `validate` and `replay`. The binary parses arguments and calls [`run`]; the server's
+//! metrics), `proxy`, `bench`, `validate`, `replay`, `simulate` and `migrate`. The binary parses arguments and calls [`run`]; the server's
 //! router is public so that tests can drive it without a socket.
 
 use std::process::ExitCode;
@@ -12,6 +12,7 @@ mod duration;
 mod flags;
 mod html;
 pub mod listen;
+mod migrate;
 mod numbers;
 pub mod openapi;
 pub mod proxy;
@@ -30,5 +31,6 @@ pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
         cli::Command::Serve(args) => serve::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Proxy(args) => proxy::run(args).map(|()| ExitCode::SUCCESS),
         cli::Command::Bench(args) => bench::run(args).map(|()| ExitCode::SUCCESS),
+        cli::Command::Migrate(args) => migrate::run(&args),
     }
 }

@@ -1,7 +1,9 @@
 //! `sluice serve` on a real PostgreSQL: servers that share a database share
-//! one limit, chosen by `--store postgres://` or by the policy; a database
-//! that stops is answered as each limit's `on_store_error` says, `/readyz`
-//! says so, and decisions resume when it is back.
+//! one limit, chosen by `--store postgres://` or by the policy, and four of
+//! them hammering one key admit what the limit allows; a database that
+//! stops is answered as each limit's `on_store_error` says, `/readyz` says
+//! so, and decisions resume when it is back; a quota survives a crash of
+//! the database and of a server; `sluice migrate` makes the tables.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
@@ -10,10 +12,10 @@ mod support;
 #[path = "../../sluice-postgres/tests/support/mod.rs"]
 mod postgres;
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use support::serve::spawn_serve_with;
-use support::{eventually, policy_file};
+use support::{Process, eventually, policy_file, signal, sluice};
 
 const POLICY: &str = "limits:\n  send:\n    algorithm: token_bucket\n    \
     algorithm_config: {rate: 1, period: 1h, burst: 3}\n    on_store_error: closed\n";
@@ -54,19 +56,39 @@ async fn a_stopped_database_is_answered_as_the_limit_says_and_calls_resume_when_
     // Durable, as a database a quota must survive is: what was committed
     // before the crash is there after it.
     let mut db = postgres::PostgresServer::start_with(&[]);
-    let (_dir, path) = policy_file(POLICY);
-    let (_server, base, _) = spawn_serve_with(&path, &["--store", &db.url()], &[], "/readyz").await;
+    // A deadline of a second: a durable commit on a loaded machine may take
+    // longer than the default 100 ms.
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: postgres, url: \"{}\", timeout_ms: 1000}}\n{POLICY}",
+        db.url()
+    ));
+    let (_server, base, _) = spawn_serve_with(&path, &[], &[], "/readyz").await;
     let client = reqwest::Client::new();
     assert_eq!(limit(&client, &base).await, 200);
 
     db.stop_immediate();
-    // A limit that fails closed answers 503, and /readyz stops being 200.
+    // A limit that fails closed answers 503 within its deadline, and
+    // /readyz stops being 200.
+    let asked = Instant::now();
     assert_eq!(limit(&client, &base).await, 503);
+    let took = asked.elapsed();
+    eprintln!("503 after {took:?}");
+    assert!(
+        took < Duration::from_millis(1_000 + 500),
+        "503 after {took:?}"
+    );
     let readyz = format!("{base}/readyz");
     eventually(Duration::from_secs(10), "/readyz to say 503", async || {
         client.get(&readyz).send().await.unwrap().status() == 503
     })
     .await;
+    // Now that the store knows the database refuses connections, a call
+    // fails at once instead of waiting out its deadline.
+    let asked = Instant::now();
+    assert_eq!(limit(&client, &base).await, 503);
+    let took = asked.elapsed();
+    eprintln!("503 after {took:?} once the store knew");
+    assert!(took < Duration::from_millis(500), "503 after {took:?}");
 
     db.restart(&[]);
     eventually(
@@ -78,4 +100,210 @@ async fn a_stopped_database_is_answered_as_the_limit_says_and_calls_resume_when_
     // The database kept what was spent: one token of three before, one now.
     assert_eq!(limit(&client, &base).await, 200);
     assert_eq!(limit(&client, &base).await, 429);
+}
+
+/// `POST /v1/limit` of `count` on `key` of `limit`: the answer's body.
+async fn spend(
+    client: &reqwest::Client,
+    base: &str,
+    limit: &str,
+    key: &str,
+    count: u32,
+) -> serde_json::Value {
+    client
+        .post(format!("{base}/v1/limit"))
+        .json(&serde_json::json!({"limit": limit, "key": key, "count": count}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quota_survives_a_crash_of_the_database_and_a_killed_server() {
+    let mut db = postgres::PostgresServer::start_with(&[]);
+    let url = db.url();
+    // A deadline to spare: a durable commit here waits for the disk.
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: postgres, url: \"{url}\", timeout_ms: 5000}}\n\
+         limits:\n  monthly:\n    algorithm: fixed_window\n    \
+         algorithm_config: {{rate: 100, period: 1h}}\n    on_store_error: closed\n",
+    ));
+    let (a, base, _) = spawn_serve_with(&path, &[], &[], "/readyz").await;
+    let client = reqwest::Client::new();
+    let spent = spend(&client, &base, "monthly", "org-7", 60).await;
+    assert_eq!(spent["allowed"], true, "{spent}");
+    assert_eq!(spent["remaining"], 40, "{spent}");
+
+    db.stop_immediate();
+    db.restart(&[]);
+    signal(&a, "KILL");
+    drop(a);
+    let (_b, base, _) = spawn_serve_with(&path, &[], &[], "/readyz").await;
+    let value: serde_json::Value = client
+        .get(format!("{base}/v1/value?limit=monthly&key=org-7"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(value["tokens"], 40.0, "{value}");
+    // And it is spent as 40, not 100: 41 is refused.
+    let refused = spend(&client, &base, "monthly", "org-7", 41).await;
+    assert_eq!(refused["allowed"], false, "{refused}");
+}
+
+/// Four servers hammer `limit`'s key "k" for `run` with 16 clients: each
+/// call's sending time, answering time, and whether it was admitted.
+async fn hammer_four(
+    bases: &[String],
+    limit: &str,
+    run: Duration,
+) -> Vec<(Instant, Instant, bool)> {
+    let client = reqwest::Client::new();
+    let started = Instant::now();
+    let mut clients = tokio::task::JoinSet::new();
+    for i in 0..16 {
+        let (client, base) = (client.clone(), bases[i % bases.len()].clone());
+        let body = format!(r#"{{"limit": "{limit}", "key": "k"}}"#);
+        clients.spawn(async move {
+            let mut seen = Vec::new();
+            while started.elapsed() < run {
+                let sent = Instant::now();
+                let status = client
+                    .post(format!("{base}/v1/limit"))
+                    .header("content-type", "application/json")
+                    .body(body.clone())
+                    .send()
+                    .await
+                    .unwrap()
+                    .status()
+                    .as_u16();
+                assert!(matches!(status, 200 | 429), "{status}: not decided");
+                seen.push((sent, Instant::now(), status == 200));
+            }
+            seen
+        });
+    }
+    clients.join_all().await.into_iter().flatten().collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn four_servers_on_one_database_admit_what_the_limit_allows_and_never_more() {
+    let db = postgres::PostgresServer::start();
+    // Fail closed, with a deadline to spare on a loaded machine: a call
+    // that missed it would be refused, never admitted unseen.
+    let (_dir, path) = policy_file(&format!(
+        "store: {{kind: postgres, url: \"{}\", timeout_ms: 5000}}\n\
+         limits:\n  bucket:\n    algorithm: token_bucket\n    \
+         algorithm_config: {{rate: 50, period: 1s, burst: 20}}\n    on_store_error: closed\n  \
+         log:\n    algorithm: sliding_log\n    algorithm_config: {{rate: 50, period: 1s}}\n    \
+         on_store_error: closed\n",
+        db.url()
+    ));
+    let mut servers: Vec<Process> = Vec::new();
+    let mut bases = Vec::new();
+    for _ in 0..4 {
+        let (server, base, _) = spawn_serve_with(&path, &[], &[], "/readyz").await;
+        servers.push(server);
+        bases.push(base);
+    }
+    let run = Duration::from_secs(5);
+
+    let seen = hammer_four(&bases, "bucket", run).await;
+    let first = seen.iter().map(|s| s.0).min().unwrap();
+    let last = seen.iter().map(|s| s.1).max().unwrap();
+    // Every admission was decided between the first call's sending and the
+    // last answer; and calls came faster than 50 a second throughout (some
+    // 120 a second through four debug builds on two cores), so each token
+    // was taken soon after it came.
+    let bound = 20.0 + 50.0 * (last - first).as_secs_f64();
+    let admitted = seen.iter().filter(|s| s.2).count() as f64;
+    eprintln!(
+        "token bucket: {admitted} admitted of {} calls; the bound {bound:.1}",
+        seen.len()
+    );
+    assert!(admitted <= bound, "{admitted} admitted, over {bound:.1}");
+    assert!(
+        admitted >= 0.98 * bound,
+        "{admitted} admitted, under 98% of {bound:.1}"
+    );
+
+    let seen = hammer_four(&bases, "log", run).await;
+    let mut admitted: Vec<&(Instant, Instant, bool)> = seen.iter().filter(|s| s.2).collect();
+    admitted.sort_by_key(|s| s.0);
+    // In any group of admissions sent within one second of the first and
+    // answered before a second after it, there can be at most 50.
+    for (i, a) in admitted.iter().enumerate() {
+        let within = admitted[i..]
+            .iter()
+            .take_while(|s| s.0 < a.0 + Duration::from_secs(1))
+            .filter(|s| s.1 < a.0 + Duration::from_secs(1))
+            .count();
+        assert!(within <= 50, "{within} admitted within one second");
+    }
+    // A log hammered faster than its rate admits its rate in each second.
+    let span = (seen.iter().map(|s| s.1).max().unwrap() - seen.iter().map(|s| s.0).min().unwrap())
+        .as_secs_f64();
+    let most = 50.0 * span.ceil();
+    eprintln!(
+        "sliding log: {} admitted of {} calls in {span:.2} s",
+        admitted.len(),
+        seen.len()
+    );
+    assert!(
+        admitted.len() as f64 >= 0.98 * 50.0 * span.floor(),
+        "{} admitted in {span:.2} s, of at most {most}",
+        admitted.len()
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn migrate_makes_the_tables_once_and_refuses_a_version_it_does_not_read() {
+    let db = postgres::PostgresServer::start();
+    let url = db.url();
+    let migrate = |store: &str| {
+        sluice()
+            .args(["migrate", "--store", store, "--timeout", "30s"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .unwrap()
+    };
+    for _ in 0..2 {
+        let out = migrate(&url);
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success(),
+            "{said} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(said.contains("the tables are at version 1"), "{said}");
+    }
+    let mut conn = <sqlx::PgConnection as sqlx::Connection>::connect(&url)
+        .await
+        .unwrap();
+    let version: i32 = sqlx::query_scalar("SELECT version FROM sluice.version")
+        .fetch_one(&mut conn)
+        .await
+        .unwrap();
+    assert_eq!(version, 1);
+
+    // Tables a later release made.
+    sqlx::query("UPDATE sluice.version SET version = 2")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    let out = migrate(&url);
+    let said = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(said.contains("version 2"), "{said}");
+
+    let out = migrate("memory");
+    let said = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success());
+    assert!(said.contains("nothing to migrate"), "{said}");
 }

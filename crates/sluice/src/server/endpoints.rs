@@ -38,6 +38,21 @@ pub(crate) fn metrics_page<C: Clock>(metrics: Option<&Metrics>, store: &AnyStore
         ::metrics::counter!("sluice_redis_subscription_losses_total")
             .absolute(s.subscription_losses);
     }
+    if let Some(s) = store.postgres_stats() {
+        ::metrics::counter!("sluice_postgres_transactions_total").absolute(s.decided);
+        ::metrics::counter!("sluice_postgres_batches_total", "result" => "committed")
+            .absolute(s.batches);
+        ::metrics::counter!("sluice_postgres_batches_total", "result" => "error")
+            .absolute(s.errors);
+        ::metrics::counter!("sluice_postgres_batches_total", "result" => "timeout")
+            .absolute(s.timeouts);
+        ::metrics::counter!("sluice_postgres_pool_acquires_total").absolute(s.pool_acquires);
+        // Whole microseconds: a counter here counts in integers.
+        ::metrics::counter!("sluice_postgres_pool_wait_microseconds_total")
+            .absolute(s.pool_wait_micros);
+        ::metrics::counter!("sluice_postgres_swept_rows_total").absolute(s.swept);
+        ::metrics::gauge!("sluice_postgres_queued").set(s.queued as f64);
+    }
     (
         [(
             header::CONTENT_TYPE,

@@ -14,7 +14,7 @@ mod store;
 
 pub use metrics::Metrics;
 pub use store::AnyStore;
-pub(crate) use store::report_first_answer;
+pub(crate) use store::{Choice, report_first_answer};
 
 pub(crate) use access::{foreign_page, holds_token, is_address, is_json, not_json};
 pub(crate) use endpoints::{clip, metrics_page, problem, readiness, ready};

@@ -11,7 +11,7 @@ use sluice_core::{
 };
 use sluice_engine::Enforcer;
 use sluice_policy::StoreConfig;
-use sluice_postgres::{PostgresConfig, PostgresStore};
+use sluice_postgres::{PostgresConfig, PostgresStats, PostgresStore};
 use sluice_redis::{RedisConfig, RedisStats, RedisStore};
 
 /// Either store, behind the one [`Store`] trait. The memory store's clock
@@ -74,6 +74,16 @@ impl<'a> Choice<'a> {
             kind,
             by_flag: flag.is_some(),
         })
+    }
+}
+
+impl Choice<'_> {
+    /// The database, when the choice is PostgreSQL.
+    pub(crate) fn postgres(&self) -> Option<&PostgresConfig> {
+        match &self.kind {
+            Kind::Postgres(config) => Some(config),
+            Kind::Memory(_) | Kind::Redis(..) => None,
+        }
     }
 }
 
@@ -177,6 +187,15 @@ impl<C: Clock> AnyStore<C> {
         match self {
             AnyStore::Memory(_) | AnyStore::Postgres(_) => None,
             AnyStore::Redis(r) => Some(r.stats()),
+        }
+    }
+
+    /// What the PostgreSQL store has done, for its metrics; `None` on the
+    /// other stores.
+    pub fn postgres_stats(&self) -> Option<PostgresStats> {
+        match self {
+            AnyStore::Memory(_) | AnyStore::Redis(_) => None,
+            AnyStore::Postgres(p) => Some(p.stats()),
         }
     }
 

@@ -1,0 +1,117 @@
+//! Calls queued while the database is busy are decided together, in one
+//! transaction, in the order they came, and exactly: a call that cannot be
+//! decided fails alone, and a caller that gave up spends nothing.
+
+#![allow(clippy::unwrap_used, clippy::panic)]
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use sluice_core::{Limit, Mode, Nanos, Op, SlidingLog, Store, StoreError, TokenBucket};
+use sluice_postgres::{PostgresConfig, PostgresStore};
+use sqlx::{Connection, PgConnection};
+use support::PostgresServer;
+
+/// Polls `ready` until it holds, for at most a minute.
+async fn until(what: &str, mut ready: impl AsyncFnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready().await {
+        assert!(Instant::now() < deadline, "never: {what}");
+        tokio::task::yield_now().await;
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
+    let server = PostgresServer::start();
+    // One batch in flight at a time, so that the calls made while it
+    // waits queue for the next.
+    let config = PostgresConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_secs(30))
+        .with_batching(256, 1);
+    let store = PostgresStore::new(config);
+    // A token an hour, a burst of 20: nothing refills while the test runs.
+    let limit = Limit::new(
+        "batched",
+        TokenBucket::per_period(1.0, Nanos(3_600 * Nanos::PER_SEC))
+            .unwrap()
+            .with_burst(20.0)
+            .unwrap(),
+    );
+    let other_kind = Limit::new(
+        "batched",
+        SlidingLog::per_period(5.0, Nanos(Nanos::PER_SEC)).unwrap(),
+    );
+    // The first call makes the tables.
+    let warm = Limit::new("warm", TokenBucket::new(1.0, 1.0).unwrap());
+    store
+        .decide(Op::new(&warm, "k", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    let before = store.stats();
+
+    // Another transaction holds the table, so the next batch waits for it.
+    let mut locker = PgConnection::connect(&server.url()).await.unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sluice.keys IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let spend = |store: &PostgresStore| {
+        let (store, limit) = (store.clone(), limit.clone());
+        tokio::spawn(async move {
+            store
+                .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+                .await
+                .unwrap()
+                .allowed
+        })
+    };
+    let first = spend(&store);
+    let mut probe = PgConnection::connect(&server.url()).await.unwrap();
+    until("the first batch waits for the table", async || {
+        let waiting: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE application_name = 'sluice' AND wait_event_type = 'Lock'",
+        )
+        .fetch_one(&mut probe)
+        .await
+        .unwrap();
+        waiting == 1
+    })
+    .await;
+
+    let abandoned = spend(&store);
+    let calls: Vec<_> = (0..15).map(|_| spend(&store)).collect();
+    let bad = {
+        let (store, a, b) = (store.clone(), limit.clone(), other_kind.clone());
+        tokio::spawn(async move {
+            let ops = [Op::new(&a, "k", 1.0), Op::new(&b, "k", 1.0)];
+            store.transact(&ops, Mode::CONSUME).await
+        })
+    };
+    // All 17 wait: 16 in the queue, one held by the dispatcher for a free
+    // batch slot.
+    until("the calls queue", async || store.stats().queued == 16).await;
+    abandoned.abort();
+    lock.commit().await.unwrap();
+
+    assert!(first.await.unwrap(), "the first call was admitted");
+    for call in calls {
+        assert!(call.await.unwrap(), "16 of a burst of 20 are admitted");
+    }
+    let refused = bad.await.unwrap();
+    assert!(
+        matches!(refused, Err(StoreError::Unavailable(ref why)) if why.contains("batched")),
+        "{refused:?}"
+    );
+    let after = store.stats();
+    assert_eq!(after.batches - before.batches, 2, "{after:?}");
+    // The first, the 15 and the bad one; the abandoned call was left out.
+    assert_eq!(after.decided - before.decided, 17, "{after:?}");
+    let left = store.value(&limit, "k").await.unwrap().tokens;
+    assert!((4.0..4.1).contains(&left), "{left} tokens left: 4 of 20");
+}
