@@ -400,6 +400,27 @@ impl PostgresStore {
         Ok(outcome?)
     }
 
+    /// Forgets `key` of `limit` inside the caller's transaction `conn`, as
+    /// [`Store::reset`] does: committed, the key is full again; rolled
+    /// back, it holds what it held. A login that succeeds can forget the
+    /// failures before it in the transaction that records the success.
+    pub async fn reset_in(
+        &self,
+        conn: &mut PgConnection,
+        limit: &Limit,
+        key: &str,
+    ) -> Result<(), InTransactionError> {
+        self.shared.migrate().await?;
+        let keys = shard_rows(limit, key);
+        let dropped: Vec<&Row> = keys.iter().collect();
+        let forget = async {
+            self.shared.lock(&mut *conn, &keys).await?;
+            self.shared.write(&mut *conn, &[], &dropped).await
+        };
+        forget.await.inspect_err(|e| self.shared.noticed(e))?;
+        Ok(())
+    }
+
     /// Queues a call that `decide` decides on the rows `keys`, and waits,
     /// within the deadline, for the batch it joins to commit.
     async fn run<R, F>(&self, keys: Vec<Row>, decide: F) -> Result<R, StoreError>
@@ -500,13 +521,8 @@ impl Shared {
         keys: &[Row],
         decide: impl FnOnce(&mut States<Row>, Nanos) -> R,
     ) -> Result<R, sqlx::Error> {
+        self.lock(&mut *conn, keys).await?;
         let (limits, names, shards) = columns(keys.iter());
-        sqlx::query(&self.sql.lock)
-            .bind(&limits)
-            .bind(&names)
-            .bind(&shards)
-            .execute(&mut *conn)
-            .await?;
         // Read once the locks are held, so that no call on these keys that
         // came before this one can have read a later time.
         let rows: Vec<PgRow> = sqlx::query(&self.sql.read)
@@ -556,6 +572,19 @@ impl Shared {
             self.write(&mut *conn, &written, &dropped).await?;
         }
         Ok(out)
+    }
+
+    /// Takes the transaction-scoped locks of `keys`, in the one order
+    /// every call takes them in.
+    async fn lock(&self, conn: &mut PgConnection, keys: &[Row]) -> Result<(), sqlx::Error> {
+        let (limits, names, shards) = columns(keys.iter());
+        sqlx::query(&self.sql.lock)
+            .bind(&limits)
+            .bind(&names)
+            .bind(&shards)
+            .execute(conn)
+            .await?;
+        Ok(())
     }
 
     /// Writes `written` (each a key, its state's bytes and when it holds

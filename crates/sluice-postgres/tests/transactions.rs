@@ -332,3 +332,28 @@ async fn tables_that_went_missing_are_made_again_by_the_call_after_the_one_that_
         .unwrap();
     assert!(d.allowed && d.remaining == 1, "{d:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_inside_a_transaction_forgets_the_key_only_if_it_commits() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::new(config(&server));
+    let limit = bucket("failures", 5.0);
+    let mut conn = connect(&server).await;
+    for _ in 0..3 {
+        let mut tx = conn.begin().await.unwrap();
+        assert!(spend_in(&store, &mut tx, &limit, "alice", 1.0).await);
+        tx.commit().await.unwrap();
+    }
+    let tokens = async || store.value(&limit, "alice").await.unwrap().tokens.floor();
+    assert_eq!(tokens().await, 2.0);
+
+    let mut tx = conn.begin().await.unwrap();
+    store.reset_in(&mut tx, &limit, "alice").await.unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(tokens().await, 2.0, "a reset rolled back forgets nothing");
+
+    let mut tx = conn.begin().await.unwrap();
+    store.reset_in(&mut tx, &limit, "alice").await.unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(tokens().await, 5.0, "a reset committed forgets the key");
+}

@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value as JsonValue, json};
-use sluice_core::{ConfigError, Limit, Mode, Nanos, Op, Outcome, Store, TokenBucket};
+use sluice_core::{ConfigError, Limit, Mode, Nanos, Op, Outcome, TokenBucket};
 use sluice_http::{PROBLEM_JSON, Problem, retry_after_secs};
 use sluice_postgres::{InTransactionError, PostgresStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -306,15 +306,15 @@ impl App {
         .fetch_optional(&mut *tx)
         .await?;
         if right == Some(true) {
-            tx.commit().await?;
             // A reset rather than a refund: a success forgets every failure
             // before it, however many, and drops the key's row, so a user
-            // in good standing costs no row. It runs after the commit
-            // because it is not a call in a transaction: on a connection
-            // of the store's pool it would wait for the lock this one
-            // holds. A reset that fails leaves the failures to refill; the
-            // login has succeeded all the same.
-            let _ = self.store.reset(&self.limits.login, user).await;
+            // in good standing costs no row. In this transaction, under the
+            // lock the check took, so that no failure recorded meanwhile
+            // is forgotten with the ones before the success.
+            self.store
+                .reset_in(&mut tx, &self.limits.login, user)
+                .await?;
+            tx.commit().await?;
             return Ok(());
         }
         // Allowed: the check above found the token, and the lock has been
