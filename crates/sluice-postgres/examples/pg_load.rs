@@ -60,6 +60,10 @@ struct Args {
     /// queued behind the others on a hot key is decided rather than failed.
     #[arg(long, default_value_t = 1_000)]
     timeout_ms: u64,
+    /// Batches in flight at once on the PostgreSQL store (its default
+    /// unless given).
+    #[arg(long)]
+    in_flight: Option<usize>,
     /// The fixed window: this many calls a window ...
     #[arg(long, default_value_t = 2.0)]
     window_calls: f64,
@@ -144,9 +148,13 @@ async fn run(args: Args) -> anyhow::Result<()> {
                 let store = Arc::new(RedisStore::new(config)?);
                 drive(&args, keys, decide_on(store, limit)).await
             } else {
-                let config = PostgresConfig::from_url(&args.store)?
+                let mut config = PostgresConfig::from_url(&args.store)?
                     .with_pool_size(args.pool)
                     .with_timeout(timeout);
+                if let Some(n) = args.in_flight {
+                    let max = config.max_batch();
+                    config = config.with_batching(max, n);
+                }
                 let store = Arc::new(PostgresStore::new(config));
                 // The tables are made before the first call, not in the
                 // warm-up's first deadline.
