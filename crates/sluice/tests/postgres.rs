@@ -91,12 +91,15 @@ async fn a_stopped_database_is_answered_as_the_limit_says_and_calls_resume_when_
     assert!(took < Duration::from_millis(500), "503 after {took:?}");
 
     db.restart(&[]);
+    // Back within a second: the store asks every 25 ms while it is down.
+    let back = Instant::now();
     eventually(
-        Duration::from_secs(10),
-        "a decision after the restart",
+        Duration::from_secs(1),
+        "a decision within a second of the restart",
         async || limit(&client, &base).await == 200,
     )
     .await;
+    eprintln!("decisions resumed {:?} after the restart", back.elapsed());
     // The database kept what was spent: one token of three before, one now.
     assert_eq!(limit(&client, &base).await, 200);
     assert_eq!(limit(&client, &base).await, 429);
@@ -200,7 +203,7 @@ async fn four_servers_on_one_database_admit_what_the_limit_allows_and_never_more
         "store: {{kind: postgres, url: \"{}\", timeout_ms: 5000}}\n\
          limits:\n  bucket:\n    algorithm: token_bucket\n    \
          algorithm_config: {{rate: 50, period: 1s, burst: 20}}\n    on_store_error: closed\n  \
-         log:\n    algorithm: sliding_log\n    algorithm_config: {{rate: 50, period: 1s}}\n    \
+         log:\n    algorithm: sliding_log\n    algorithm_config: {{rate: 100, period: 1s}}\n    \
          on_store_error: closed\n",
         db.url()
     ));
@@ -214,51 +217,70 @@ async fn four_servers_on_one_database_admit_what_the_limit_allows_and_never_more
     let run = Duration::from_secs(5);
 
     let seen = hammer_four(&bases, "bucket", run).await;
-    let first = seen.iter().map(|s| s.0).min().unwrap();
-    let last = seen.iter().map(|s| s.1).max().unwrap();
+    let span = span_of(&seen);
     // Every admission was decided between the first call's sending and the
-    // last answer; and calls came faster than 50 a second throughout (some
-    // 120 a second through four debug builds on two cores), so each token
-    // was taken soon after it came.
-    let bound = 20.0 + 50.0 * (last - first).as_secs_f64();
+    // last answer.
+    let bound = 20.0 + 50.0 * span;
     let admitted = seen.iter().filter(|s| s.2).count() as f64;
     eprintln!(
-        "token bucket: {admitted} admitted of {} calls; the bound {bound:.1}",
+        "token bucket: {admitted} admitted of {} calls in {span:.2} s; the bound {bound:.1}",
         seen.len()
     );
     assert!(admitted <= bound, "{admitted} admitted, over {bound:.1}");
-    assert!(
-        admitted >= 0.98 * bound,
-        "{admitted} admitted, under 98% of {bound:.1}"
-    );
+    if fast_enough(&seen, 50.0) {
+        assert!(
+            admitted >= 0.98 * bound,
+            "{admitted} admitted, under 98% of {bound:.1}"
+        );
+    }
 
     let seen = hammer_four(&bases, "log", run).await;
+    let span = span_of(&seen);
     let mut admitted: Vec<&(Instant, Instant, bool)> = seen.iter().filter(|s| s.2).collect();
     admitted.sort_by_key(|s| s.0);
     // In any group of admissions sent within one second of the first and
-    // answered before a second after it, there can be at most 50.
+    // answered before a second after it, there can be at most 100.
     for (i, a) in admitted.iter().enumerate() {
         let within = admitted[i..]
             .iter()
             .take_while(|s| s.0 < a.0 + Duration::from_secs(1))
             .filter(|s| s.1 < a.0 + Duration::from_secs(1))
             .count();
-        assert!(within <= 50, "{within} admitted within one second");
+        assert!(within <= 100, "{within} admitted within one second");
     }
-    // A log hammered faster than its rate admits its rate in each second.
-    let span = (seen.iter().map(|s| s.1).max().unwrap() - seen.iter().map(|s| s.0).min().unwrap())
-        .as_secs_f64();
-    let most = 50.0 * span.ceil();
     eprintln!(
         "sliding log: {} admitted of {} calls in {span:.2} s",
         admitted.len(),
         seen.len()
     );
-    assert!(
-        admitted.len() as f64 >= 0.98 * 50.0 * span.floor(),
-        "{} admitted in {span:.2} s, of at most {most}",
-        admitted.len()
-    );
+    // Hammered faster than its rate, a log admits its rate each second.
+    if fast_enough(&seen, 100.0) {
+        assert!(
+            admitted.len() as f64 >= 0.98 * 100.0 * span.floor(),
+            "{} admitted in {span:.2} s, under 98% of {}",
+            admitted.len(),
+            100.0 * span.floor()
+        );
+    }
+}
+
+/// Seconds from the first call's sending to the last one's answer.
+fn span_of(seen: &[(Instant, Instant, bool)]) -> f64 {
+    let first = seen.iter().map(|s| s.0).min().unwrap();
+    let last = seen.iter().map(|s| s.1).max().unwrap();
+    (last - first).as_secs_f64()
+}
+
+/// Whether calls came at least twice as fast as `rate` a second, so that
+/// each token or slot was taken soon after it came. Release builds on two
+/// cores offer thousands a second; debug builds on a machine busy with
+/// other tests may not, and then only the upper bound says anything.
+fn fast_enough(seen: &[(Instant, Instant, bool)], rate: f64) -> bool {
+    let offered = seen.len() as f64 / span_of(seen);
+    if offered < 2.0 * rate {
+        eprintln!("{offered:.0} calls a second: too few to check how close to the bound");
+    }
+    offered >= 2.0 * rate
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
