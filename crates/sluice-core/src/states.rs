@@ -298,8 +298,8 @@ impl<K: Hash + Eq + Clone> States<K> {
         {
             // An earlier call on these states used the key under another
             // kind (a store deciding a batch of calls, some queued before a
-            // reload changed the limit's kind): what it left is read as a
-            // row of another kind is, never as no row.
+            // reload changed the limit's kind): what it left is read as
+            // any row of another kind is, never as no row.
             if let Some(state) = &entry.state {
                 entry.empty_at = empty_at(&prev, state);
             }

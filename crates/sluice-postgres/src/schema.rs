@@ -4,8 +4,10 @@
 
 use sqlx::{Connection, PgConnection};
 
-/// The schema version this release writes and reads.
-pub const SCHEMA_VERSION: i32 = 1;
+/// The schema version this release writes and reads: 2 keeps keys as
+/// bytes (a key may hold a NUL, which text cannot, and a long one is kept
+/// as its digest); 1 kept them as text.
+pub const SCHEMA_VERSION: i32 = 2;
 
 /// The advisory lock the servers of one database make the tables under:
 /// "sluice" and a 1, so that no other application's lock is likely to be it.
@@ -37,14 +39,14 @@ pub(crate) struct Statements {
 impl Statements {
     pub(crate) fn for_schema(schema: &str) -> Statements {
         let keys = format!("{schema}.keys");
-        let named = "SELECT * FROM unnest($1::text[], $2::text[], $3::int4[])";
+        let named = "SELECT * FROM unnest($1::text[], $2::bytea[], $3::int4[])";
         Statements {
             // The schema is in the hash, so that two schemas' stores in one
             // database do not wait for each other's keys.
             lock: format!(
                 "SELECT pg_advisory_xact_lock(h) FROM (SELECT DISTINCT \
-                 hashtextextended('{schema}' || chr(31) || l || chr(31) || k || chr(31) || s::text, 0) \
-                 AS h FROM unnest($1::text[], $2::text[], $3::int4[]) AS t(l, k, s)) AS hashes \
+                 hashtextextended('{schema}' || chr(31) || l || chr(31) || encode(k, 'hex') || chr(31) || s::text, 0) \
+                 AS h FROM unnest($1::text[], $2::bytea[], $3::int4[]) AS t(l, k, s)) AS hashes \
                  ORDER BY h"
             ),
             now: "SELECT (extract(epoch FROM clock_timestamp()) * 1000000)::int8",
@@ -59,9 +61,9 @@ impl Statements {
             ),
             write: format!(
                 "WITH dropped AS (DELETE FROM {keys} WHERE (limit_name, key, shard) IN \
-                 (SELECT * FROM unnest($6::text[], $7::text[], $8::int4[]))) \
+                 (SELECT * FROM unnest($6::text[], $7::bytea[], $8::int4[]))) \
                  INSERT INTO {keys} (limit_name, key, shard, state, empty_at) \
-                 SELECT * FROM unnest($1::text[], $2::text[], $3::int4[], $4::bytea[], $5::int8[]) \
+                 SELECT * FROM unnest($1::text[], $2::bytea[], $3::int4[], $4::bytea[], $5::int8[]) \
                  ON CONFLICT (limit_name, key, shard) \
                  DO UPDATE SET state = excluded.state, empty_at = excluded.empty_at"
             ),
@@ -100,6 +102,38 @@ pub(crate) async fn migrate(
     durable: bool,
 ) -> Result<(), SchemaError> {
     let mut tx = conn.begin().await?;
+    // The store's connections give up on a statement at a call's deadline;
+    // making tables, and waiting for another server that is making them,
+    // may take longer.
+    sqlx::query("SET LOCAL statement_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("SET LOCAL lock_timeout = 0")
+        .execute(&mut *tx)
+        .await?;
+    // Tables someone made already (`sluice migrate` by a role that may
+    // create them) are read without asking to create anything: a role
+    // without CREATE is refused even `CREATE … IF NOT EXISTS` of what is
+    // there.
+    let made: Option<String> = sqlx::query_scalar("SELECT to_regclass($1)::text")
+        .bind(format!("{schema}.version"))
+        .fetch_one(&mut *tx)
+        .await?;
+    if made.is_some() {
+        let found: Option<i32> =
+            sqlx::query_scalar(&format!("SELECT version FROM {schema}.version"))
+                .fetch_optional(&mut *tx)
+                .await?;
+        match found {
+            Some(SCHEMA_VERSION) => {
+                tx.commit().await?;
+                return Ok(());
+            }
+            Some(found) => return Err(SchemaError::Version { found }),
+            // Made, but not finished: finish below.
+            None => {}
+        }
+    }
     sqlx::query("SELECT pg_advisory_xact_lock($1)")
         .bind(MIGRATION_LOCK)
         .execute(&mut *tx)
@@ -125,7 +159,7 @@ pub(crate) async fn migrate(
             // by: a row past that time is read as no row, and swept.
             sqlx::query(&format!(
                 "CREATE {unlogged}TABLE {schema}.keys (\
-                 limit_name text NOT NULL, key text NOT NULL, shard int4 NOT NULL, \
+                 limit_name text NOT NULL, key bytea NOT NULL, shard int4 NOT NULL, \
                  state bytea NOT NULL, empty_at int8 NOT NULL, \
                  PRIMARY KEY (limit_name, key, shard))"
             ))

@@ -2,16 +2,19 @@
 //! on them ([`States`]), and writes back what changed, in one database
 //! transaction of its own or of the caller's.
 
+use std::borrow::Cow;
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
+use sha2::{Digest as _, Sha256};
 use sluice_core::states::{States, Stored};
 use sluice_core::{
     Clock, CostError, Decision, Limit, Mode, Nanos, Op, Outcome, Settle, Store, StoreError, Value,
 };
 use sqlx::postgres::{PgPool, PgPoolOptions, PgRow};
-use sqlx::{Acquire, Connection as _, PgConnection, Row as _};
+use sqlx::{Connection as _, PgConnection, Row as _};
 use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
@@ -24,6 +27,9 @@ pub(crate) type Row = (String, String, u32);
 /// The most rows one sweep drops in one statement: few enough that it
 /// holds its row locks for a moment only.
 const SWEEP_BATCH: i64 = 1_000;
+
+/// How a batch's transaction begins.
+const READ_COMMITTED: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
 
 /// The most calls queued for a batch, per store: a caller beyond it waits,
 /// within its deadline, for room.
@@ -74,6 +80,8 @@ struct Shared {
     /// open: until it accepts one, calls fail at once instead of waiting
     /// out their deadline on a pool that retries in vain.
     refused: AtomicBool,
+    /// Wakes the upkeep to ping at once: a batch failed.
+    suspect: tokio::sync::Notify,
     counters: Counters,
 }
 
@@ -185,7 +193,14 @@ impl PostgresStore {
             .max_connections(config.pool_size())
             // The wait for a connection is inside each call's deadline.
             .acquire_timeout(config.timeout())
-            .connect_lazy_with(config.options.clone());
+            .connect_lazy_with(config.options.clone().options([
+                // The database gives up on a statement when its caller has:
+                // a connection dropped mid-statement at a deadline would
+                // otherwise wait, out of the pool, for a lock held by a
+                // caller's long transaction. The migration lifts them.
+                ("statement_timeout", millis(config.timeout())),
+                ("lock_timeout", millis(config.timeout())),
+            ]));
         let shared = Arc::new(Shared {
             pool,
             sql: Statements::for_schema(config.schema()),
@@ -194,6 +209,7 @@ impl PostgresStore {
             migrated: AtomicBool::new(false),
             ready: AtomicBool::new(false),
             refused: AtomicBool::new(false),
+            suspect: tokio::sync::Notify::new(),
             counters: Counters::default(),
         });
         let (queue, calls) = mpsc::channel(MAX_QUEUED);
@@ -263,45 +279,51 @@ impl Shared {
             .await
             .unwrap_or(Err(StoreError::Timeout))
             .map(|_| ());
-        if result.is_err() {
-            // Before readiness says so: a caller that sees the store not
-            // ready finds calls failing at once if the database refuses.
-            let _ = self.probe().await;
+        match result {
+            Ok(()) => self.answered(),
+            Err(_) => {
+                // Before readiness says so: a caller that sees the store
+                // not ready finds calls failing at once if the database
+                // refuses.
+                let _ = self.probe().await;
+                self.ready.store(false, Ordering::Relaxed);
+            }
         }
-        self.ready.store(result.is_ok(), Ordering::Relaxed);
         result
+    }
+
+    /// The database answered: ready, and no longer refusing.
+    fn answered(&self) {
+        self.refused.store(false, Ordering::Relaxed);
+        self.ready.store(true, Ordering::Relaxed);
     }
 
     /// Opens a connection of its own, and notes whether the database
     /// refused it: the pool's attempts hide why they failed, and a refusal
-    /// is what lets calls fail at once.
+    /// (nothing listens on its port) is what lets calls fail at once.
     async fn probe(&self) -> Result<(), StoreError> {
         let opened = tokio::time::timeout(
             self.config.timeout(),
             PgConnection::connect_with(&self.config.options),
         )
         .await;
+        let refused = matches!(
+            &opened,
+            Ok(Err(sqlx::Error::Io(e))) if e.kind() == std::io::ErrorKind::ConnectionRefused
+        );
+        self.refused.store(refused, Ordering::Relaxed);
         match opened {
             Ok(Ok(conn)) => {
-                self.refused.store(false, Ordering::Relaxed);
                 let _ = conn.close().await;
                 Ok(())
             }
-            Ok(Err(e @ sqlx::Error::Io(_))) => {
-                self.refused.store(true, Ordering::Relaxed);
-                self.ready.store(false, Ordering::Relaxed);
-                Err(unavailable(e))
-            }
-            // Refused for another reason (a password, a database that is
-            // not there), or no answer: calls find out for themselves.
             Ok(Err(e)) => {
-                self.refused.store(false, Ordering::Relaxed);
+                if refused {
+                    self.ready.store(false, Ordering::Relaxed);
+                }
                 Err(unavailable(e))
             }
-            Err(_) => {
-                self.refused.store(false, Ordering::Relaxed);
-                Err(StoreError::Timeout)
-            }
+            Err(_) => Err(StoreError::Timeout),
         }
     }
 
@@ -333,8 +355,12 @@ impl Shared {
             self.migrate().await.map_err(unavailable)?;
             let mut conn = self.pool.acquire().await.map_err(unavailable)?;
             let now = self.now(&mut conn).await.map_err(unavailable)?;
+            // A second behind: a batch that read its time a moment before
+            // this reads its rows, and must still find a row that was not
+            // yet empty at its time.
+            let before = now.0.saturating_sub(SWEEP_MARGIN.as_nanos() as i64);
             sqlx::query(&self.sql.sweep)
-                .bind(now.0)
+                .bind(before)
                 .bind(SWEEP_BATCH)
                 .execute(&mut *conn)
                 .await
@@ -478,10 +504,17 @@ impl Shared {
             bump(&self.counters.pool_acquires, 1);
             let waited = u64::try_from(asked.elapsed().as_micros()).unwrap_or(u64::MAX);
             bump(&self.counters.pool_wait_micros, waited);
-            let mut tx = conn.begin().await.map_err(unavailable)?;
+            // READ COMMITTED whatever the role's default: each statement
+            // must see what the batch before it committed once its locks
+            // are held, not a snapshot taken while it waited for them.
+            let mut tx = conn.begin_with(READ_COMMITTED).await.map_err(unavailable)?;
             self.decide_in(&mut tx, &rows, |states, now| {
                 for job in &mut jobs {
-                    job.decide(states, now);
+                    // A caller that gave up since the batch left is not
+                    // charged for a call it was told failed.
+                    if !job.is_abandoned() {
+                        job.decide(states, now);
+                    }
                 }
             })
             .await
@@ -498,6 +531,7 @@ impl Shared {
             Ok(()) => {
                 bump(&self.counters.batches, 1);
                 bump(&self.counters.decided, jobs.len() as u64);
+                self.answered();
             }
             Err(StoreError::Timeout) => bump(&self.counters.timeouts, 1),
             Err(_) => bump(&self.counters.errors, 1),
@@ -505,12 +539,11 @@ impl Shared {
         for job in jobs {
             job.answer(result.as_ref().err());
         }
-        if result.is_err() && !self.refused.load(Ordering::Relaxed) {
-            // Before readiness says so, as the upkeep's ping does. Once the
-            // database is known to refuse, the upkeep alone asks again.
-            let _ = self.probe().await;
+        if result.is_err() {
+            // Whether the database is down, slow or only busy with this
+            // batch's keys is the ping's to say: readiness follows pings.
+            self.suspect.notify_one();
         }
-        self.ready.store(result.is_ok(), Ordering::Relaxed);
     }
 
     /// Locks `keys`, reads their rows, lets `decide` decide on them, and
@@ -527,7 +560,7 @@ impl Shared {
         // came before this one can have read a later time.
         let rows: Vec<PgRow> = sqlx::query(&self.sql.read)
             .bind(&limits)
-            .bind(&names)
+            .bind(slices(&names))
             .bind(&shards)
             .fetch_all(&mut *conn)
             .await?;
@@ -535,15 +568,26 @@ impl Shared {
         for k in keys {
             states.read(k.clone(), None, Nanos(i64::MIN));
         }
+        // A row names its key by the bytes it keeps, a digest for a long
+        // one: back to the key the call named.
+        let asked: HashMap<(&str, &[u8], i32), &Row> = keys
+            .iter()
+            .zip(limits.iter().zip(&names).zip(&shards))
+            .map(|(row, ((l, k), s))| ((*l, k.as_ref(), *s), row))
+            .collect();
         let mut db_now = None;
         for r in rows {
             db_now = Some(r.try_get::<i64, _>(0)?);
-            let Some(limit) = r.try_get::<Option<String>, _>(1)? else {
+            let Some(limit) = r.try_get::<Option<&str>, _>(1)? else {
                 // The one row of a read that found none.
                 continue;
             };
             let shard: i32 = r.try_get(3)?;
-            let key: Row = (limit, r.try_get(2)?, shard as u32);
+            let stored: &[u8] = r.try_get(2)?;
+            let Some(&key) = asked.get(&(limit, stored, shard)) else {
+                continue;
+            };
+            let key = key.clone();
             let bytes: Vec<u8> = r.try_get(4)?;
             let empty_at = Nanos(r.try_get(5)?);
             match Stored::from_bytes(&bytes) {
@@ -580,7 +624,7 @@ impl Shared {
         let (limits, names, shards) = columns(keys.iter());
         sqlx::query(&self.sql.lock)
             .bind(&limits)
-            .bind(&names)
+            .bind(slices(&names))
             .bind(&shards)
             .execute(conn)
             .await?;
@@ -601,12 +645,12 @@ impl Shared {
         let (d_limits, d_names, d_shards) = columns(dropped.iter().copied());
         sqlx::query(&self.sql.write)
             .bind(&limits)
-            .bind(&names)
+            .bind(slices(&names))
             .bind(&shards)
             .bind(&bytes)
             .bind(&times)
             .bind(&d_limits)
-            .bind(&d_names)
+            .bind(slices(&d_names))
             .bind(&d_shards)
             .execute(conn)
             .await?;
@@ -715,9 +759,11 @@ async fn dispatch(shared: Arc<Shared>, mut calls: mpsc::Receiver<Box<dyn Queued>
 /// How often the store asks the database whether it answers.
 const PING_EVERY: Duration = Duration::from_millis(250);
 
-/// How often it asks while the database does not answer: each time one
-/// connection attempt, refused at once.
+/// How often it asks while the database refuses connections.
 const PING_WHILE_DOWN: Duration = Duration::from_millis(25);
+
+/// How far behind the database's clock a sweep looks.
+const SWEEP_MARGIN: Duration = Duration::from_secs(1);
 
 /// How often the upkeep drops rows that hold nothing any more.
 const SWEEP_EVERY: Duration = Duration::from_secs(10);
@@ -745,15 +791,25 @@ async fn upkeep(shared: Arc<Shared>, alive: mpsc::WeakSender<Box<dyn Queued>>) {
                 }
             }
         }
-        // While the database does not answer, ping often, so that calls
-        // resume soon after it does.
-        let pause = if shared.ready.load(Ordering::Relaxed) {
-            PING_EVERY
-        } else {
+        // While the database refuses, ping often (each time one
+        // connection attempt, refused at once), so that calls resume soon
+        // after it is back; a failed batch asks for a ping at once.
+        let pause = if shared.refused.load(Ordering::Relaxed) {
             PING_WHILE_DOWN
+        } else {
+            PING_EVERY
         };
-        tokio::time::sleep(pause).await;
+        tokio::select! {
+            () = tokio::time::sleep(pause) => {}
+            () = shared.suspect.notified() => {}
+        }
     }
+}
+
+/// `d` as PostgreSQL's settings write a duration, at least 1 ms (0 would
+/// turn the timeout off).
+fn millis(d: Duration) -> String {
+    format!("{}ms", d.as_millis().max(1))
 }
 
 fn unavailable(e: impl std::fmt::Display) -> StoreError {
@@ -784,12 +840,38 @@ fn op_rows(ops: &[Op<'_>]) -> Vec<Row> {
     rows
 }
 
+/// The longest key kept as it is; a longer one is kept as its digest.
+const MAX_KEY_IN_ROW: usize = 1_024;
+
+/// The bytes a row keeps for `key`: the key itself, or, beyond
+/// [`MAX_KEY_IN_ROW`] bytes (an index row holds some 2,700), `0xFF` and
+/// the key's SHA-256, which no key's own bytes can be (no UTF-8 string has
+/// a byte `0xFF`). Bytes, not text, because a key may hold a NUL, which
+/// PostgreSQL's text cannot.
+fn stored_key(key: &str) -> Cow<'_, [u8]> {
+    if key.len() <= MAX_KEY_IN_ROW {
+        return Cow::Borrowed(key.as_bytes());
+    }
+    let mut digest = Vec::with_capacity(33);
+    digest.push(0xFF);
+    digest.extend_from_slice(&Sha256::digest(key.as_bytes()));
+    Cow::Owned(digest)
+}
+
+/// Keys' bytes as sqlx binds an array of `bytea`.
+fn slices<'a>(keys: &'a [Cow<'_, [u8]>]) -> Vec<&'a [u8]> {
+    keys.iter().map(AsRef::as_ref).collect()
+}
+
+/// Rows as the three arrays a statement takes: limits, keys, shards.
+type Columns<'a> = (Vec<&'a str>, Vec<Cow<'a, [u8]>>, Vec<i32>);
+
 /// Rows as the three arrays a statement takes.
-fn columns<'a>(rows: impl Iterator<Item = &'a Row>) -> (Vec<&'a str>, Vec<&'a str>, Vec<i32>) {
+fn columns<'a>(rows: impl Iterator<Item = &'a Row>) -> Columns<'a> {
     let mut out = (Vec::new(), Vec::new(), Vec::new());
     for (l, k, s) in rows {
         out.0.push(l.as_str());
-        out.1.push(k.as_str());
+        out.1.push(stored_key(k));
         // Shards are at most 1,024.
         out.2.push(*s as i32);
     }
@@ -844,16 +926,22 @@ impl Store for PostgresStore {
     }
 
     async fn reset(&self, limit: &Limit, key: &str) -> Result<(), StoreError> {
-        let keys = shard_rows(limit, key);
-        let dropped: Vec<&Row> = keys.iter().collect();
         let shared = &self.shared;
         let work = async {
-            shared.migrate().await.map_err(unavailable)?;
+            if shared.refused.load(Ordering::Relaxed) {
+                return Err(StoreError::Unavailable(
+                    "the database refuses connections".into(),
+                ));
+            }
             let mut conn = shared.pool.acquire().await.map_err(unavailable)?;
-            shared
-                .write(&mut conn, &[], &dropped)
+            let mut tx = conn.begin_with(READ_COMMITTED).await.map_err(unavailable)?;
+            self.reset_in(&mut tx, limit, key)
                 .await
-                .map_err(unavailable)
+                .map_err(|e| match e {
+                    InTransactionError::Cost(c) => StoreError::Cost(c),
+                    other => unavailable(other),
+                })?;
+            tx.commit().await.map_err(unavailable)
         };
         tokio::time::timeout(shared.config.timeout(), work)
             .await

@@ -75,7 +75,8 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     until("the first batch waits for the table", async || {
         let waiting: i64 = sqlx::query_scalar(
             "SELECT count(*) FROM pg_stat_activity \
-             WHERE application_name = 'sluice' AND wait_event_type = 'Lock'",
+             WHERE application_name = 'sluice' AND wait_event_type = 'Lock' \
+             AND query LIKE 'WITH found%'",
         )
         .fetch_one(&mut probe)
         .await
@@ -97,6 +98,8 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     // batch slot.
     until("the calls queue", async || store.stats().queued == 16).await;
     abandoned.abort();
+    // Dropped, and its end of the reply with it, before the batch leaves.
+    assert!(abandoned.await.unwrap_err().is_cancelled());
     lock.commit().await.unwrap();
 
     assert!(first.await.unwrap(), "the first call was admitted");

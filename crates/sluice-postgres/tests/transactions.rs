@@ -199,7 +199,10 @@ async fn rows_that_hold_nothing_are_dropped_and_unreadable_bytes_are_as_full_as_
             .allowed
     );
     assert_eq!(rows(&mut probe).await, 1);
-    // Full again a second later: the sweep drops it, and nothing changes.
+    // Full again a second later; the sweep, which looks a second behind
+    // the clock, drops it a second after that, and nothing changes.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(store.sweep().await.unwrap(), 0);
     clock.advance(Duration::from_secs(1));
     assert_eq!(store.sweep().await.unwrap(), 1);
     assert_eq!(rows(&mut probe).await, 0);
@@ -356,4 +359,104 @@ async fn a_reset_inside_a_transaction_forgets_the_key_only_if_it_commits() {
     store.reset_in(&mut tx, &limit, "alice").await.unwrap();
     tx.commit().await.unwrap();
     assert_eq!(tokens().await, 5.0, "a reset committed forgets the key");
+}
+
+/// A key is whatever a client sends: PostgreSQL's text cannot hold a NUL,
+/// and an index row holds at most some 2,700 bytes. Such keys are decided
+/// as any other, each its own, and a batch they share fails no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_no_text_column_or_index_row_could_hold_are_decided_and_fail_no_one_else() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::new(config(&server));
+    let limit = bucket("odd", 2.0);
+    let fat = "k".repeat(64 * 1024);
+    let keys = [
+        "a\0b".to_owned(),
+        "a".to_owned(),
+        fat.clone(),
+        format!("{fat}x"),
+        "plain".to_owned(),
+    ];
+    for round in 0..3 {
+        // At once, so that they share batches.
+        let calls: Vec<_> = keys
+            .iter()
+            .map(|k| {
+                let (store, limit, k) = (store.clone(), limit.clone(), k.clone());
+                tokio::spawn(
+                    async move { store.decide(Op::new(&limit, &k, 1.0), Mode::CONSUME).await },
+                )
+            })
+            .collect();
+        for (k, call) in keys.iter().zip(calls) {
+            let out = call.await.unwrap();
+            let allowed = out.unwrap_or_else(|e| panic!("{:.8}…: {e}", k)).allowed;
+            assert_eq!(allowed, round < 2, "round {round}, key {:.8}…", k);
+        }
+    }
+}
+
+/// Tables made ahead (`sluice migrate`, by a role that may) serve a role
+/// that may only read and write them: it is never asked to create what is
+/// there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_role_that_may_not_create_tables_uses_tables_made_ahead() {
+    let server = PostgresServer::start();
+    PostgresStore::new(config(&server)).migrate().await.unwrap();
+    let mut admin = connect(&server).await;
+    for grant in [
+        "CREATE ROLE app LOGIN",
+        "GRANT USAGE ON SCHEMA sluice TO app",
+        "GRANT SELECT, INSERT, UPDATE, DELETE ON sluice.keys TO app",
+        "GRANT SELECT ON sluice.version TO app",
+    ] {
+        sqlx::query(grant).execute(&mut admin).await.unwrap();
+    }
+    let url = server.url().replacen("postgres@", "app@", 1);
+    let app = PostgresStore::new(
+        PostgresConfig::from_url(&url)
+            .unwrap()
+            .with_timeout(Duration::from_secs(5)),
+    );
+    app.migrate().await.unwrap();
+    let limit = bucket("app", 1.0);
+    let first = app.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await;
+    assert!(first.unwrap().allowed);
+    let second = app.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await;
+    assert!(!second.unwrap().allowed);
+}
+
+/// A caller's transaction may hold a key as long as it likes. Calls on that
+/// key meanwhile miss their deadline; their connections must come back to
+/// the pool rather than wait on for the lock, or the other keys would find
+/// none left.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_held_by_a_long_transaction_never_starves_the_other_keys() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::new(
+        PostgresConfig::from_url(&server.url())
+            .unwrap()
+            .with_timeout(Duration::from_millis(300))
+            .with_pool_size(4),
+    );
+    let limit = bucket("held", 100.0);
+    store.migrate().await.unwrap();
+    let mut conn = connect(&server).await;
+    let mut holder = conn.begin().await.unwrap();
+    assert!(spend_in(&store, &mut holder, &limit, "held", 1.0).await);
+    for _ in 0..3 {
+        // More calls than the pool has connections, one after another so
+        // that each is a batch of its own.
+        for _ in 0..6 {
+            let out = store
+                .decide(Op::new(&limit, "held", 1.0), Mode::CONSUME)
+                .await;
+            assert!(out.is_err(), "decided while the key was held: {out:?}");
+        }
+        let other = store
+            .decide(Op::new(&limit, "free", 1.0), Mode::CONSUME)
+            .await;
+        assert!(other.unwrap().allowed, "another key was starved");
+    }
+    holder.rollback().await.unwrap();
 }

@@ -164,9 +164,9 @@ pub struct App {
 
 impl App {
     /// A service on `pool`, keeping `limits` in `store`, at READ
-    /// COMMITTED. The store may be on another database than `pool`
-    /// for its own calls, but `transact_in` keeps its rows in the
-    /// database of the transaction it is given.
+    /// COMMITTED. The store must be on the database `pool` is on: it
+    /// makes its tables there, and `transact_in` reads and writes them in
+    /// the transactions of `pool` it is given.
     pub fn new(pool: PgPool, store: PostgresStore, limits: Limits) -> App {
         App {
             pool,
@@ -362,6 +362,11 @@ impl App {
 fn checked_name(name: &str) -> Result<&str, Refusal> {
     if name.is_empty() || name.len() > MAX_NAME {
         return Err(Refusal::Invalid("a name is 1 to 64 bytes"));
+    }
+    // PostgreSQL's text holds no NUL, and no name needs a control
+    // character.
+    if name.chars().any(char::is_control) {
+        return Err(Refusal::Invalid("a name has no control characters"));
     }
     Ok(name)
 }
