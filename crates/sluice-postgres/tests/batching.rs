@@ -118,3 +118,54 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     let left = store.value(&limit, "k").await.unwrap().tokens;
     assert!((4.0..4.1).contains(&left), "{left} tokens left: 4 of 20");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_4096_calls_wait_and_a_batch_decides_at_most_256() {
+    let server = PostgresServer::start();
+    let config = PostgresConfig::from_url(&server.url())
+        .unwrap()
+        .with_timeout(Duration::from_secs(60))
+        .with_batching(256, 1);
+    let store = PostgresStore::new(config);
+    let limit = Limit::new("flood", TokenBucket::new(1.0, 10_000.0).unwrap());
+    store
+        .decide(Op::new(&limit, "warm", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    let before = store.stats();
+    let mut locker = PgConnection::connect(&server.url()).await.unwrap();
+    let mut lock = locker.begin().await.unwrap();
+    sqlx::query("LOCK TABLE sluice.keys IN EXCLUSIVE MODE")
+        .execute(&mut *lock)
+        .await
+        .unwrap();
+    let calls: Vec<_> = (0..4_200)
+        .map(|i| {
+            let (store, limit) = (store.clone(), limit.clone());
+            tokio::spawn(async move {
+                let key = format!("k{}", i % 50);
+                store
+                    .decide(Op::new(&limit, &key, 1.0), Mode::CONSUME)
+                    .await
+            })
+        })
+        .collect();
+    // One batch waits for the table, the dispatcher holds the next call,
+    // 4,096 wait in the queue, and the rest wait for room in it.
+    until("the queue fills", async || store.stats().queued == 4_096).await;
+    lock.commit().await.unwrap();
+    for call in calls {
+        assert!(call.await.unwrap().unwrap().allowed);
+    }
+    let after = store.stats();
+    assert_eq!(after.queued, 0);
+    let (decided, batches) = (
+        after.decided - before.decided,
+        after.batches - before.batches,
+    );
+    assert_eq!(decided, 4_200);
+    assert!(
+        batches >= 4_200u64.div_ceil(256),
+        "{decided} calls in {batches} batches: more than 256 a batch"
+    );
+}

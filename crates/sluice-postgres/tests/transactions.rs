@@ -460,3 +460,53 @@ async fn a_key_held_by_a_long_transaction_never_starves_the_other_keys() {
     }
     holder.rollback().await.unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sweep_drops_at_most_a_thousand_rows_at_a_time() {
+    let server = PostgresServer::start();
+    let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
+    let store = PostgresStore::with_clock(config(&server), clock.clone());
+    store.migrate().await.unwrap();
+    let mut probe = connect(&server).await;
+    sqlx::query(
+        "INSERT INTO sluice.keys SELECT 'old', convert_to(i::text, 'UTF8'), 0, '\\x00', 1 \
+         FROM generate_series(1, 1500) AS i",
+    )
+    .execute(&mut probe)
+    .await
+    .unwrap();
+    assert_eq!(store.sweep().await.unwrap(), 1_000);
+    assert_eq!(store.sweep().await.unwrap(), 500);
+    assert_eq!(store.sweep().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_store_dropped_closes_its_connections_and_stops_its_tasks() {
+    let server = PostgresServer::start();
+    let store = PostgresStore::new(config(&server));
+    let limit = bucket("gone", 2.0);
+    store
+        .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)
+        .await
+        .unwrap();
+    let mut probe = connect(&server).await;
+    let open = async |probe: &mut PgConnection| -> i64 {
+        sqlx::query_scalar(
+            "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'sluice'",
+        )
+        .fetch_one(probe)
+        .await
+        .unwrap()
+    };
+    assert!(open(&mut probe).await > 0);
+    drop(store);
+    // The upkeep notices within a ping, and the pool closes with it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while open(&mut probe).await > 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the store's connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
