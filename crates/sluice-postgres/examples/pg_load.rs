@@ -155,7 +155,7 @@ async fn run(args: Args) -> anyhow::Result<()> {
                     let max = config.max_batch();
                     config = config.with_batching(max, n);
                 }
-                let store = Arc::new(PostgresStore::new(config));
+                let store = Arc::new(PostgresStore::new(config)?);
                 // The tables are made before the first call, not in the
                 // warm-up's first deadline.
                 store.migrate().await?;

@@ -17,7 +17,7 @@
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! use sluice_core::{Limit, Mode, Op, TokenBucket};
 //! use sluice_postgres::{PostgresConfig, PostgresStore};
-//! let store = PostgresStore::new(PostgresConfig::from_url("postgres://app@localhost/app")?);
+//! let store = PostgresStore::new(PostgresConfig::from_url("postgres://app@localhost/app")?)?;
 //! let send = Limit::new("send", TokenBucket::new(1.0, 10.0)?);
 //! // Inside the transaction that stores the message: rolled back, the
 //! // message is not stored and the token not spent.
@@ -38,4 +38,4 @@ mod store;
 
 pub use config::{ConfigError, PostgresConfig};
 pub use schema::{SCHEMA_VERSION, SchemaError};
-pub use store::{InTransactionError, PostgresStats, PostgresStore};
+pub use store::{InTransactionError, NoRuntime, PostgresStats, PostgresStore};

@@ -49,7 +49,7 @@ const MAX_QUEUED: usize = 4_096;
 /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 /// use sluice_core::{Limit, Mode, Op, Store, TokenBucket};
 /// use sluice_postgres::{PostgresConfig, PostgresStore};
-/// let store = PostgresStore::new(PostgresConfig::from_url("postgres://app@localhost/app")?);
+/// let store = PostgresStore::new(PostgresConfig::from_url("postgres://app@localhost/app")?)?;
 /// let limit = Limit::new("login", TokenBucket::new(1.0, 5.0)?);
 /// let out = store.transact(&[Op::new(&limit, "alice", 1.0)], Mode::CONSUME).await?;
 /// println!("allowed: {}", out.allowed);
@@ -124,6 +124,11 @@ fn bump(counter: &AtomicU64, by: u64) {
     counter.fetch_add(by, Ordering::Relaxed);
 }
 
+/// A store made outside a Tokio runtime, which its tasks need.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("a PostgresStore must be created inside a Tokio runtime")]
+pub struct NoRuntime;
+
 /// What went wrong deciding inside a caller's transaction.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -174,21 +179,28 @@ impl InTransactionError {
 
 impl PostgresStore {
     /// A store on the database `config` names. No connection is made until
-    /// the first call, which also makes the tables if they are missing.
-    /// Call it within a Tokio runtime: the pool's upkeep and the batches
+    /// the upkeep's first ping, which also makes the tables if they are
+    /// missing. Call it within a Tokio runtime: the upkeep and the batches
     /// run on it.
-    pub fn new(config: PostgresConfig) -> PostgresStore {
+    pub fn new(config: PostgresConfig) -> Result<PostgresStore, NoRuntime> {
         Self::with_time(config, None)
     }
 
     /// A store that decides at the times `clock` reads instead of on the
     /// database's clock: for tests on a fake clock, and for a single
     /// server whose clock is the one that counts.
-    pub fn with_clock(config: PostgresConfig, clock: impl Clock + 'static) -> PostgresStore {
+    pub fn with_clock(
+        config: PostgresConfig,
+        clock: impl Clock + 'static,
+    ) -> Result<PostgresStore, NoRuntime> {
         Self::with_time(config, Some(Arc::new(clock)))
     }
 
-    fn with_time(config: PostgresConfig, clock: Option<Arc<dyn Clock>>) -> PostgresStore {
+    fn with_time(
+        config: PostgresConfig,
+        clock: Option<Arc<dyn Clock>>,
+    ) -> Result<PostgresStore, NoRuntime> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| NoRuntime)?;
         let pool = PgPoolOptions::new()
             .max_connections(config.pool_size())
             // The wait for a connection is inside each call's deadline.
@@ -213,9 +225,9 @@ impl PostgresStore {
             counters: Counters::default(),
         });
         let (queue, calls) = mpsc::channel(MAX_QUEUED);
-        tokio::spawn(dispatch(shared.clone(), calls));
-        tokio::spawn(upkeep(shared.clone(), queue.downgrade()));
-        PostgresStore { shared, queue }
+        runtime.spawn(dispatch(shared.clone(), calls));
+        runtime.spawn(upkeep(shared.clone(), queue.downgrade()));
+        Ok(PostgresStore { shared, queue })
     }
 
     /// Whether the database answered the last call or health check.
@@ -982,5 +994,27 @@ impl Store for PostgresStore {
             states.release(&limit, &shards, id, now)
         })
         .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+
+    #[test]
+    fn a_store_made_outside_a_runtime_says_so_instead_of_panicking() {
+        let config = PostgresConfig::from_url("postgres://app@localhost/app").unwrap();
+        assert!(matches!(PostgresStore::new(config), Err(NoRuntime)));
+    }
+
+    #[test]
+    fn a_long_key_is_kept_as_a_digest_no_key_can_be() {
+        let long = "k".repeat(MAX_KEY_IN_ROW + 1);
+        let kept = stored_key(&long);
+        assert_eq!((kept.len(), kept[0]), (33, 0xFF));
+        assert_ne!(stored_key(&format!("{long}x")), kept);
+        assert_eq!(stored_key("a\0b").as_ref(), b"a\0b");
+        assert_eq!(stored_key(&long[1..]).len(), MAX_KEY_IN_ROW);
     }
 }

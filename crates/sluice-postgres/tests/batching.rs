@@ -32,7 +32,7 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
         .unwrap()
         .with_timeout(Duration::from_secs(30))
         .with_batching(256, 1);
-    let store = PostgresStore::new(config);
+    let store = PostgresStore::new(config).unwrap();
     // A token an hour, a burst of 20: nothing refills while the test runs.
     let limit = Limit::new(
         "batched",
@@ -126,7 +126,7 @@ async fn at_most_4096_calls_wait_and_a_batch_decides_at_most_256() {
         .unwrap()
         .with_timeout(Duration::from_secs(60))
         .with_batching(256, 1);
-    let store = PostgresStore::new(config);
+    let store = PostgresStore::new(config).unwrap();
     let limit = Limit::new("flood", TokenBucket::new(1.0, 10_000.0).unwrap());
     store
         .decide(Op::new(&limit, "warm", 1.0), Mode::CONSUME)

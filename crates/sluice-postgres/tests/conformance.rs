@@ -20,6 +20,6 @@ async fn postgres_conforms() {
     let config = PostgresConfig::from_url(&server.url())
         .unwrap()
         .with_timeout(Duration::from_secs(5));
-    let store = PostgresStore::with_clock(config, clock.clone());
+    let store = PostgresStore::with_clock(config, clock.clone()).unwrap();
     conformance::run_all(&store, &clock).await;
 }

@@ -57,7 +57,7 @@ fn bucket(name: &str, burst: f64) -> Limit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rolled_back_transaction_spends_nothing_and_a_committed_one_spends() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("send", 3.0);
     let mut conn = connect(&server).await;
 
@@ -76,7 +76,7 @@ async fn a_rolled_back_transaction_spends_nothing_and_a_committed_one_spends() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_transactions_on_one_key_take_turns_and_the_second_sees_what_the_first_spent() {
     let server = PostgresServer::start();
-    let store = Arc::new(PostgresStore::new(config(&server)));
+    let store = Arc::new(PostgresStore::new(config(&server)).unwrap());
     let limit = bucket("login", 1.0);
     let mut first = connect(&server).await;
     let mut tx = first.begin().await.unwrap();
@@ -130,7 +130,7 @@ async fn two_transactions_on_one_key_take_turns_and_the_second_sees_what_the_fir
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn under_serializable_a_key_changed_since_the_transaction_began_is_an_error_to_retry() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("pay", 5.0);
     // The key is spent before the caller's transaction begins.
     assert!(
@@ -173,7 +173,7 @@ async fn under_serializable_a_key_changed_since_the_transaction_began_is_an_erro
 async fn rows_that_hold_nothing_are_dropped_and_unreadable_bytes_are_as_full_as_they_may_be() {
     let server = PostgresServer::start();
     let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
-    let store = PostgresStore::with_clock(config(&server), clock.clone());
+    let store = PostgresStore::with_clock(config(&server), clock.clone()).unwrap();
     let limit = Limit::new("api", TokenBucket::new(1.0, 2.0).unwrap());
     let mut probe = connect(&server).await;
     let rows = async |probe: &mut PgConnection| -> i64 {
@@ -268,7 +268,7 @@ async fn hammer(
 async fn four_stores_on_one_database_never_admit_more_than_the_bound() {
     let server = PostgresServer::start();
     let stores: Vec<Arc<PostgresStore>> = (0..4)
-        .map(|_| Arc::new(PostgresStore::new(config(&server))))
+        .map(|_| Arc::new(PostgresStore::new(config(&server)).unwrap()))
         .collect();
     // 50 a second, a burst of 20; a sliding log of 100 a second.
     let bucket = Limit::new("hot-bucket", TokenBucket::new(50.0, 20.0).unwrap());
@@ -308,7 +308,7 @@ async fn four_stores_on_one_database_never_admit_more_than_the_bound() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tables_that_went_missing_are_made_again_by_the_call_after_the_one_that_found_them_gone() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("gone", 2.0);
     assert!(
         store
@@ -339,7 +339,7 @@ async fn tables_that_went_missing_are_made_again_by_the_call_after_the_one_that_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_inside_a_transaction_forgets_the_key_only_if_it_commits() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("failures", 5.0);
     let mut conn = connect(&server).await;
     for _ in 0..3 {
@@ -367,7 +367,7 @@ async fn a_reset_inside_a_transaction_forgets_the_key_only_if_it_commits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keys_no_text_column_or_index_row_could_hold_are_decided_and_fail_no_one_else() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("odd", 2.0);
     let fat = "k".repeat(64 * 1024);
     let keys = [
@@ -402,7 +402,11 @@ async fn keys_no_text_column_or_index_row_could_hold_are_decided_and_fail_no_one
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_role_that_may_not_create_tables_uses_tables_made_ahead() {
     let server = PostgresServer::start();
-    PostgresStore::new(config(&server)).migrate().await.unwrap();
+    PostgresStore::new(config(&server))
+        .unwrap()
+        .migrate()
+        .await
+        .unwrap();
     let mut admin = connect(&server).await;
     for grant in [
         "CREATE ROLE app LOGIN",
@@ -417,7 +421,8 @@ async fn a_role_that_may_not_create_tables_uses_tables_made_ahead() {
         PostgresConfig::from_url(&url)
             .unwrap()
             .with_timeout(Duration::from_secs(5)),
-    );
+    )
+    .unwrap();
     app.migrate().await.unwrap();
     let limit = bucket("app", 1.0);
     let first = app.decide(Op::new(&limit, "k", 1.0), Mode::CONSUME).await;
@@ -438,7 +443,8 @@ async fn a_key_held_by_a_long_transaction_never_starves_the_other_keys() {
             .unwrap()
             .with_timeout(Duration::from_millis(300))
             .with_pool_size(4),
-    );
+    )
+    .unwrap();
     let limit = bucket("held", 100.0);
     store.migrate().await.unwrap();
     let mut conn = connect(&server).await;
@@ -465,7 +471,7 @@ async fn a_key_held_by_a_long_transaction_never_starves_the_other_keys() {
 async fn a_sweep_drops_at_most_a_thousand_rows_at_a_time() {
     let server = PostgresServer::start();
     let clock = FakeClock::new(Nanos(1_000 * Nanos::PER_SEC));
-    let store = PostgresStore::with_clock(config(&server), clock.clone());
+    let store = PostgresStore::with_clock(config(&server), clock.clone()).unwrap();
     store.migrate().await.unwrap();
     let mut probe = connect(&server).await;
     sqlx::query(
@@ -483,7 +489,7 @@ async fn a_sweep_drops_at_most_a_thousand_rows_at_a_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_store_dropped_closes_its_connections_and_stops_its_tasks() {
     let server = PostgresServer::start();
-    let store = PostgresStore::new(config(&server));
+    let store = PostgresStore::new(config(&server)).unwrap();
     let limit = bucket("gone", 2.0);
     store
         .decide(Op::new(&limit, "k", 1.0), Mode::CONSUME)

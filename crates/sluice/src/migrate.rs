@@ -55,7 +55,7 @@ pub(crate) fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()?;
     runtime.block_on(async {
-        let store = PostgresStore::new(config);
+        let store = PostgresStore::new(config)?;
         match tokio::time::timeout(args.timeout, store.migrate()).await {
             Ok(Ok(())) => {
                 writeln!(

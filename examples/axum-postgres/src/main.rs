@@ -17,7 +17,7 @@ async fn main() -> anyhow::Result<()> {
     axum_postgres::make_tables(&pool).await?;
     // The store's pool serves its own calls (resets); the limits spent in
     // the service's transactions go through the service's pool.
-    let store = PostgresStore::new(PostgresConfig::from_url(&url)?);
+    let store = PostgresStore::new(PostgresConfig::from_url(&url)?)?;
     let app = axum_postgres::App::new(pool, store, axum_postgres::Limits::standard()?);
     let listener = tokio::net::TcpListener::bind(addr).await?;
     eprintln!("listening on http://{}", listener.local_addr()?);

@@ -38,7 +38,7 @@ impl Database {
             .unwrap()
             .with_timeout(Duration::from_secs(5));
         Database {
-            store: PostgresStore::new(config),
+            store: PostgresStore::new(config).unwrap(),
             pool,
             _server: server,
         }

@@ -128,7 +128,7 @@ impl AnyStore<SystemClock> {
             }
             Kind::Postgres(ref config) => Ok(AnyStore::Postgres(Box::new(PostgresStore::new(
                 (**config).clone(),
-            )))),
+            )?))),
         }
     }
 }
