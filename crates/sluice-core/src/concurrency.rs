@@ -215,7 +215,7 @@ impl Leases {
     }
 
     /// A key from [`Leases::encode`]'s bytes: all that `r` holds.
-    pub(crate) fn decode(r: &mut crate::states::Reader<'_>) -> Option<Leases> {
+    pub(crate) fn decode(r: &mut crate::bytes::Reader<'_>) -> Option<Leases> {
         let held = r.f64()?;
         if !r.left().is_multiple_of(24) || r.left() / 24 > crate::MAX_SLOTS as usize {
             return None;

@@ -8,6 +8,7 @@
 //! [`Decision`] value, never an error.
 
 pub mod algorithm;
+mod bytes;
 pub mod concurrency;
 mod config;
 #[cfg(feature = "conformance")]

@@ -713,7 +713,7 @@ impl Log {
     }
 
     /// A log from [`Log::encode`]'s bytes: all that `r` holds.
-    pub(crate) fn decode(r: &mut crate::states::Reader<'_>) -> Option<Log> {
+    pub(crate) fn decode(r: &mut crate::bytes::Reader<'_>) -> Option<Log> {
         let used = r.f64()?;
         let inexact = r.u8()? != 0;
         if !r.left().is_multiple_of(16) || r.left() / 16 > MAX_LOG_ENTRIES {
