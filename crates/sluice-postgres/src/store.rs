@@ -451,8 +451,9 @@ impl PostgresStore {
         self.shared.migrate().await?;
         let keys = shard_rows(limit, key);
         let dropped: Vec<&Row> = keys.iter().collect();
+        let cols = columns(keys.iter());
         let forget = async {
-            self.shared.lock(&mut *conn, &keys).await?;
+            self.shared.lock(&mut *conn, &cols).await?;
             self.shared.write(&mut *conn, &[], &dropped).await
         };
         forget.await.inspect_err(|e| self.shared.noticed(e))?;
@@ -566,14 +567,15 @@ impl Shared {
         keys: &[Row],
         decide: impl FnOnce(&mut States<Row>, Nanos) -> R,
     ) -> Result<R, sqlx::Error> {
-        self.lock(&mut *conn, keys).await?;
-        let (limits, names, shards) = columns(keys.iter());
+        let cols = columns(keys.iter());
+        self.lock(&mut *conn, &cols).await?;
+        let (limits, names, shards) = &cols;
         // Read once the locks are held, so that no call on these keys that
         // came before this one can have read a later time.
         let rows: Vec<PgRow> = sqlx::query(&self.sql.read)
-            .bind(&limits)
-            .bind(slices(&names))
-            .bind(&shards)
+            .bind(limits)
+            .bind(slices(names))
+            .bind(shards)
             .fetch_all(&mut *conn)
             .await?;
         let mut states = States::new();
@@ -584,7 +586,7 @@ impl Shared {
         // one: back to the key the call named.
         let asked: HashMap<(&str, &[u8], i32), &Row> = keys
             .iter()
-            .zip(limits.iter().zip(&names).zip(&shards))
+            .zip(limits.iter().zip(names).zip(shards))
             .map(|(row, ((l, k), s))| ((*l, k.as_ref(), *s), row))
             .collect();
         let mut db_now = None;
@@ -630,14 +632,17 @@ impl Shared {
         Ok(out)
     }
 
-    /// Takes the transaction-scoped locks of `keys`, in the one order
-    /// every call takes them in.
-    async fn lock(&self, conn: &mut PgConnection, keys: &[Row]) -> Result<(), sqlx::Error> {
-        let (limits, names, shards) = columns(keys.iter());
+    /// Takes the transaction-scoped locks of the keys given as
+    /// [`columns`], in the one order every call takes them in.
+    async fn lock(
+        &self,
+        conn: &mut PgConnection,
+        (limits, names, shards): &Columns<'_>,
+    ) -> Result<(), sqlx::Error> {
         sqlx::query(&self.sql.lock)
-            .bind(&limits)
-            .bind(slices(&names))
-            .bind(&shards)
+            .bind(limits)
+            .bind(slices(names))
+            .bind(shards)
             .execute(conn)
             .await?;
         Ok(())

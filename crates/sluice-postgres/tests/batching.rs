@@ -23,6 +23,17 @@ async fn until(what: &str, mut ready: impl AsyncFnMut() -> bool) {
     }
 }
 
+/// A connection whose open transaction holds the store's table: every
+/// batch waits for it until it commits.
+async fn hold_the_table(server: &PostgresServer) -> PgConnection {
+    let mut conn = PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("BEGIN; LOCK TABLE sluice.keys IN EXCLUSIVE MODE")
+        .execute(&mut conn)
+        .await
+        .unwrap();
+    conn
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     let server = PostgresServer::start();
@@ -54,12 +65,7 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     let before = store.stats();
 
     // Another transaction holds the table, so the next batch waits for it.
-    let mut locker = PgConnection::connect(&server.url()).await.unwrap();
-    let mut lock = locker.begin().await.unwrap();
-    sqlx::query("LOCK TABLE sluice.keys IN EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let mut lock = hold_the_table(&server).await;
     let spend = |store: &PostgresStore| {
         let (store, limit) = (store.clone(), limit.clone());
         tokio::spawn(async move {
@@ -100,7 +106,7 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
     abandoned.abort();
     // Dropped, and its end of the reply with it, before the batch leaves.
     assert!(abandoned.await.unwrap_err().is_cancelled());
-    lock.commit().await.unwrap();
+    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
 
     assert!(first.await.unwrap(), "the first call was admitted");
     for call in calls {
@@ -133,12 +139,7 @@ async fn at_most_4096_calls_wait_and_a_batch_decides_at_most_256() {
         .await
         .unwrap();
     let before = store.stats();
-    let mut locker = PgConnection::connect(&server.url()).await.unwrap();
-    let mut lock = locker.begin().await.unwrap();
-    sqlx::query("LOCK TABLE sluice.keys IN EXCLUSIVE MODE")
-        .execute(&mut *lock)
-        .await
-        .unwrap();
+    let mut lock = hold_the_table(&server).await;
     let calls: Vec<_> = (0..4_200)
         .map(|i| {
             let (store, limit) = (store.clone(), limit.clone());
@@ -153,7 +154,7 @@ async fn at_most_4096_calls_wait_and_a_batch_decides_at_most_256() {
     // One batch waits for the table, the dispatcher holds the next call,
     // 4,096 wait in the queue, and the rest wait for room in it.
     until("the queue fills", async || store.stats().queued == 4_096).await;
-    lock.commit().await.unwrap();
+    sqlx::raw_sql("COMMIT").execute(&mut lock).await.unwrap();
     for call in calls {
         assert!(call.await.unwrap().unwrap().allowed);
     }
