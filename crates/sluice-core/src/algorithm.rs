@@ -11,6 +11,7 @@
 //! the functions here read the [`State`] as a fixed window of the same rate,
 //! period and start, so that they stay total, but no store relies on that.
 
+use crate::calendar::Calendar;
 use crate::config::{Algorithm, FixedWindow, Limit, TokenBucket};
 use crate::decision::{Decision, Value};
 use crate::store::Settle;
@@ -248,6 +249,9 @@ pub(crate) fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
 
 #[inline]
 fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> State {
+    if let Some(cal) = fw.calendar() {
+        return calendar_roll(fw, &cal, state, now);
+    }
     let period = fw.period().0;
     match state {
         None => State {
@@ -259,6 +263,31 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
             State {
                 tokens: (s.tokens + fw.rate() * windows as f64).min(fw.capacity()),
                 ts: Nanos(s.ts.0.saturating_add(windows.saturating_mul(period))),
+            }
+        }
+    }
+}
+
+/// [`fw_roll`] on the calendar: `rate` for each boundary passed since the
+/// window of `ts`, and `ts` moved to the last one passed.
+#[cold]
+fn calendar_roll(fw: &FixedWindow, cal: &Calendar, state: Option<State>, now: Nanos) -> State {
+    let here = cal.index(now);
+    match state {
+        None => State {
+            tokens: fw.capacity(),
+            ts: cal.start(here),
+        },
+        Some(s) => {
+            // None when the clock stepped back into an earlier window, as
+            // `elapsed` credits nothing then.
+            let windows = here.saturating_sub(cal.index(s.ts));
+            if windows <= 0 {
+                return s;
+            }
+            State {
+                tokens: (s.tokens + fw.rate() * windows as f64).min(fw.capacity()),
+                ts: cal.start(here),
             }
         }
     }
@@ -289,6 +318,11 @@ fn roll(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -> State
 /// windows after the one starting at `ts`.
 #[inline]
 fn until_window(fw: &FixedWindow, ts: Nanos, now: Nanos, windows: f64) -> f64 {
+    if let Some(cal) = fw.calendar() {
+        // `as` saturates: a count of windows past any date is "never".
+        let at = cal.start_after(ts, windows as i64);
+        return (i128::from(at.0) - i128::from(now.0)) as f64 / NS;
+    }
     ((ts.0 - now.0) as f64 + windows * fw.period().0 as f64) / NS
 }
 
@@ -389,7 +423,10 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     }
     let span = match alg {
         Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
-        Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+        Algorithm::FixedWindow(fw) => match fw.calendar() {
+            Some(cal) => return cal.start_after(state.ts, (missing / fw.rate()).ceil() as i64),
+            None => (missing / fw.rate()).ceil() * fw.period().0 as f64,
+        },
         Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
             let fw = alg.as_fixed();
             (missing / fw.rate()).ceil() * fw.period().0 as f64
@@ -426,7 +463,10 @@ pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos
         | Algorithm::SlidingLog(_)
         | Algorithm::Concurrency(_) => {
             let fw = alg.as_fixed();
-            window_start(now, fw.start().map_or(offset, |s| s.0), fw.period().0)
+            match fw.calendar() {
+                Some(cal) => cal.start_after(now, 0),
+                None => window_start(now, fw.start().map_or(offset, |s| s.0), fw.period().0),
+            }
         }
     };
     Some(State {
@@ -443,6 +483,17 @@ fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
         // One nanosecond more than the span keeps float rounding in the
         // refill from crediting a token the key did not have.
         Algorithm::TokenBucket(tb) => tb.burst() - tb.refill(span.saturating_add(1)),
+        // Every key shares a calendar's boundaries: those up to `full_at`
+        // are the ones the key still needs, and one at least, since a key
+        // not yet full (a state of another kind that still counts) is
+        // taken to be full no sooner than the next.
+        Algorithm::FixedWindow(fw) if fw.calendar().is_some() => {
+            let boundaries = fw.calendar().map_or(1, |cal| {
+                cal.index(full_at).saturating_sub(cal.index(now)).max(1)
+            });
+            // No key is ever deeper in debt than that.
+            (fw.capacity() - fw.rate() * boundaries as f64).max(-alg.deepest_debt())
+        }
         // A span of length L holds at most ceil(L / period) boundaries of
         // any alignment, each adding `rate`; on the key's own alignment,
         // where `full_at` lies, exactly that many.
@@ -485,6 +536,12 @@ pub fn refill_time_under(from: &Algorithm, to: &Algorithm, full_at: Nanos, now: 
     }
     let span = match to {
         Algorithm::TokenBucket(tb) => (tb.secs_for(missing) * NS).ceil(),
+        Algorithm::FixedWindow(fw) if fw.calendar().is_some() => {
+            let windows = (missing / fw.rate()).ceil() as i64;
+            return fw
+                .calendar()
+                .map_or(now, |cal| cal.start_after(now, windows));
+        }
         // Counted from `now`, not from the start of the key's window, which
         // is no later: an upper bound on any alignment.
         Algorithm::FixedWindow(fw) => (missing / fw.rate()).ceil() * fw.period().0 as f64,
@@ -513,7 +570,7 @@ pub fn refill_time_under(from: &Algorithm, to: &Algorithm, full_at: Nanos, now: 
 #[inline]
 pub fn key_offset(alg: &Algorithm, key: &str) -> i64 {
     match alg {
-        Algorithm::FixedWindow(fw) if fw.start().is_none() => {
+        Algorithm::FixedWindow(fw) if fw.start().is_none() && fw.calendar().is_none() => {
             window_offset(key.as_bytes(), fw.period().0)
         }
         Algorithm::SlidingWindow(sw) if sw.start().is_none() => {

@@ -5,6 +5,7 @@
 use std::fmt;
 use std::sync::Arc;
 
+use crate::calendar::Calendar;
 use crate::time::Nanos;
 
 /// Why a limit configuration was rejected.
@@ -39,12 +40,34 @@ pub enum ConfigError {
          which bounds what a call on it costs), got {0}"
     )]
     Slots(f64),
+    /// A calendar window's unit is one of day, week, month and year.
+    #[error("calendar must be one of day, week, month, year; got {0:?}")]
+    CalendarUnit(String),
+    /// A calendar window rolls unused tokens over for at most
+    /// [`CALENDAR_WINDOWS`] windows.
+    #[error(
+        "a calendar window's capacity must be at most {CALENDAR_WINDOWS} times its rate, got {0}"
+    )]
+    CalendarCapacity(f64),
+    /// A calendar window's zone is an IANA name the tz database knows.
+    #[error(
+        "time zone {0:?} is not in the tz database (write an IANA name such as Europe/Berlin, or UTC)"
+    )]
+    TimeZone(String),
 }
 
 /// How long a reservation may make its caller wait: one year. A reservation
 /// whose wait would be longer is refused, with or without `max_reserved`,
 /// so that no single call can freeze a shared key for longer than that.
 pub const RESERVATION_HORIZON: Nanos = Nanos(365 * 24 * 3600 * Nanos::PER_SEC);
+
+/// How many windows of its rate a calendar window may hold: its capacity
+/// is at most this many times its rate, and a key goes at most this many
+/// windows' rate below zero (and never further than a year's windows).
+/// With both, a key is full again at most twice this many boundaries after
+/// its last write, however long its windows, which is what lets the Redis
+/// script be handed every boundary that can matter to a call.
+pub const CALENDAR_WINDOWS: i64 = 32;
 
 /// The largest number of tokens a call or a reservation may count: 2⁵³,
 /// above which a double no longer holds every whole number, so that
@@ -192,10 +215,13 @@ impl TokenBucket {
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct FixedWindow {
     rate: f64,
+    /// The window length, or a calendar unit's nominal length.
     period: Nanos,
     capacity: f64,
     start: Option<Nanos>,
     max_reserved: Option<f64>,
+    /// Windows that open on the calendar instead of every `period`.
+    calendar: Option<Calendar>,
 }
 
 impl FixedWindow {
@@ -213,6 +239,26 @@ impl FixedWindow {
             capacity: rate,
             start: None,
             max_reserved: None,
+            calendar: None,
+        })
+    }
+
+    /// `rate` tokens in each window of `calendar`, which opens at local
+    /// midnight of the unit's first day in the calendar's zone (see
+    /// [`Calendar`]); the capacity defaults to `rate`. Every key shares
+    /// the calendar's windows.
+    ///
+    /// ```
+    /// use sluice_core::{Calendar, CalendarUnit, FixedWindow};
+    /// let month = Calendar::new(CalendarUnit::Month, "Europe/Berlin").unwrap();
+    /// let quota = FixedWindow::on_calendar(100_000.0, month).unwrap();
+    /// assert_eq!(quota.calendar(), Some(month));
+    /// assert_eq!(quota.period(), CalendarUnit::Month.nominal());
+    /// ```
+    pub fn on_calendar(rate: f64, calendar: Calendar) -> Result<Self, ConfigError> {
+        Ok(FixedWindow {
+            calendar: Some(calendar),
+            ..FixedWindow::new(rate, calendar.unit().nominal())?
         })
     }
 
@@ -220,11 +266,15 @@ impl FixedWindow {
     pub fn with_capacity(self, capacity: f64) -> Result<Self, ConfigError> {
         let capacity = finite_nonneg(capacity, ConfigError::Capacity)?;
         check_admits(capacity, self.max_reserved)?;
+        if self.calendar.is_some() && capacity > self.rate * CALENDAR_WINDOWS as f64 {
+            return Err(ConfigError::CalendarCapacity(capacity));
+        }
         Ok(FixedWindow { capacity, ..self })
     }
 
     /// Aligns every key's windows to `start + k·period`. Without it each key
-    /// gets its own offset, derived from a hash of the key.
+    /// gets its own offset, derived from a hash of the key. A calendar
+    /// window keeps its calendar's alignment.
     pub fn with_start(self, start: Nanos) -> Self {
         FixedWindow {
             start: Some(start),
@@ -248,10 +298,17 @@ impl FixedWindow {
         self.rate
     }
 
-    /// The window length.
+    /// The window length; for a calendar window, its unit's nominal length
+    /// (see [`CalendarUnit::nominal`](crate::CalendarUnit::nominal)), which no window is measured by.
     #[inline]
     pub fn period(&self) -> Nanos {
         self.period
+    }
+
+    /// The calendar the windows open on, if they do.
+    #[inline]
+    pub fn calendar(&self) -> Option<Calendar> {
+        self.calendar
     }
 
     /// The most tokens a key can hold.
@@ -260,8 +317,12 @@ impl FixedWindow {
         self.capacity
     }
 
-    /// The configured window alignment, if any.
+    /// The configured window alignment, if any (never for a calendar
+    /// window).
     pub fn start(&self) -> Option<Nanos> {
+        if self.calendar.is_some() {
+            return None;
+        }
         self.start
     }
 
@@ -269,6 +330,25 @@ impl FixedWindow {
     #[inline]
     pub fn max_reserved(&self) -> Option<f64> {
         self.max_reserved
+    }
+
+    /// How many windows' rate a key may owe at most (see
+    /// [`Algorithm::deepest_debt`]): the windows in a year, and for a
+    /// calendar window at most [`CALENDAR_WINDOWS`].
+    ///
+    /// ```
+    /// use sluice_core::{Calendar, CalendarUnit, FixedWindow, Nanos};
+    /// let hourly = FixedWindow::new(1.0, Nanos(3600 * Nanos::PER_SEC)).unwrap();
+    /// assert_eq!(hourly.debt_windows(), 8760);
+    /// let daily = FixedWindow::on_calendar(1.0, Calendar::utc(CalendarUnit::Day)).unwrap();
+    /// assert_eq!(daily.debt_windows(), 32);
+    /// ```
+    pub fn debt_windows(&self) -> i64 {
+        let windows = RESERVATION_HORIZON.0 / self.period.0.max(1);
+        match self.calendar {
+            Some(_) => windows.min(CALENDAR_WINDOWS),
+            None => windows,
+        }
     }
 }
 
@@ -617,6 +697,7 @@ impl Algorithm {
             capacity: rate,
             start,
             max_reserved: Some(0.0),
+            calendar: None,
         }
     }
 
@@ -641,7 +722,8 @@ impl Algorithm {
     /// The deepest a key may go below zero, whatever takes it there: the
     /// tokens refilled in [`RESERVATION_HORIZON`] (a fixed window: its rate
     /// times the whole windows in it), at most [`MAX_EXACT_TOKENS`], so
-    /// that no caller can hold a key back for longer than a year. Nothing
+    /// that no caller can hold a key back for longer than a year (a
+    /// calendar window: at most [`CALENDAR_WINDOWS`] of its windows). Nothing
     /// for the sliding algorithms and concurrency, which never go below
     /// zero.
     ///
@@ -653,9 +735,7 @@ impl Algorithm {
     pub fn deepest_debt(&self) -> f64 {
         let horizon = match self {
             Algorithm::TokenBucket(tb) => tb.refill(RESERVATION_HORIZON.0),
-            Algorithm::FixedWindow(fw) => {
-                fw.rate * (RESERVATION_HORIZON.0 / fw.period.0.max(1)) as f64
-            }
+            Algorithm::FixedWindow(fw) => fw.rate * fw.debt_windows() as f64,
             Algorithm::SlidingWindow(_) | Algorithm::SlidingLog(_) | Algorithm::Concurrency(_) => {
                 0.0
             }
@@ -766,7 +846,9 @@ struct Facts {
 impl Facts {
     fn of(alg: &Algorithm) -> Facts {
         let own_windows = match alg {
-            Algorithm::FixedWindow(fw) if fw.start.is_none() => Some(fw.period.0),
+            Algorithm::FixedWindow(fw) if fw.start().is_none() && fw.calendar.is_none() => {
+                Some(fw.period.0)
+            }
             Algorithm::SlidingWindow(sw) if sw.start.is_none() => Some(sw.period.0),
             _ => None,
         };

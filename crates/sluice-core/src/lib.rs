@@ -9,6 +9,7 @@
 
 pub mod algorithm;
 mod bytes;
+mod calendar;
 pub mod concurrency;
 mod config;
 #[cfg(feature = "conformance")]
@@ -20,9 +21,10 @@ pub mod states;
 pub mod store;
 mod time;
 
+pub use calendar::{Calendar, CalendarUnit};
 pub use config::{
-    Algorithm, Concurrency, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS, MAX_SLOTS,
-    RESERVATION_HORIZON, SlidingLog, SlidingWindow, TokenBucket,
+    Algorithm, CALENDAR_WINDOWS, Concurrency, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS,
+    MAX_SLOTS, RESERVATION_HORIZON, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, Outcome, Value};
 pub use memory::MemoryStore;

@@ -9,8 +9,8 @@ use std::time::Duration;
 use serde_saphyr::Spanned;
 use sluice_core::sliding::MAX_LOG_ENTRIES;
 use sluice_core::{
-    Algorithm, Concurrency, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos, SlidingLog, SlidingWindow,
-    TokenBucket,
+    Algorithm, Calendar, CalendarUnit, Concurrency, FixedWindow, Limit, MAX_EXACT_TOKENS, Nanos,
+    SlidingLog, SlidingWindow, TokenBucket,
 };
 
 use crate::client_ip::{ForwardingHeader, TrustedProxies};
@@ -143,11 +143,18 @@ fn check_named(
         ));
     }
     if alg.reserves() && alg.max_reserved().is_none() {
+        let span = match alg {
+            Algorithm::FixedWindow(fw) if fw.calendar().is_some() => {
+                let unit = fw.calendar().map_or("window", |c| c.unit().name());
+                format!("{} {unit}s of refill", fw.debt_windows())
+            }
+            _ => "a year of refill".to_owned(),
+        };
         warnings.push(at(
             name,
             format!(
                 "limit `{}` has no `max_reserved`: a caller that reserves may take up to \
-                 {} tokens (a year of refill) ahead and hold every caller of the key back \
+                 {} tokens ({span}) ahead and hold every caller of the key back \
                  that long; set `max_reserved`, and let only trusted callers reserve",
                 name.value,
                 alg.reservable()
@@ -521,9 +528,25 @@ fn build(
     warnings: &mut Vec<Invalid>,
 ) -> Result<(Limit, CapacitySource), Invalid> {
     let c = &config.value;
+    if kind != AlgorithmKind::FixedWindow
+        && let Some(pos) = c
+            .calendar
+            .as_ref()
+            .map(Pos::from)
+            .or(c.timezone.as_ref().map(Pos::from))
+    {
+        return Err(at(
+            pos,
+            "only a fixed_window opens on the calendar (`calendar`, `timezone`)",
+        ));
+    }
     let (algorithm, capacity) = match kind {
         AlgorithmKind::TokenBucket => token_bucket(c, &rated(config, warnings)?)?,
-        AlgorithmKind::FixedWindow => fixed_window(c, &rated(config, warnings)?)?,
+        AlgorithmKind::FixedWindow if c.calendar.is_some() || c.timezone.is_some() => {
+            let (rate, calendar) = on_calendar(config)?;
+            fixed_window(c, &rate, Some(calendar))?
+        }
+        AlgorithmKind::FixedWindow => fixed_window(c, &rated(config, warnings)?, None)?,
         AlgorithmKind::SlidingWindow => sliding_window(c, &rated(config, warnings)?)?,
         AlgorithmKind::SlidingLog => sliding_log(c, &rated(config, warnings)?)?,
         AlgorithmKind::Concurrency => concurrency(config)?,
@@ -683,14 +706,72 @@ fn token_bucket(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource
     Ok((tb.into(), capacity))
 }
 
-fn fixed_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource), Invalid> {
+/// A calendar window's `rate` per unit and its [`Calendar`]: `calendar:
+/// month` with `timezone: Europe/Berlin` (UTC when absent). `period` and
+/// `start` are the calendar's to say, and a rate per second has no unit.
+fn on_calendar(config: &Spanned<RawConfig>) -> Result<(Rate, Calendar), Invalid> {
+    let c = &config.value;
+    let Some(unit_field) = &c.calendar else {
+        let tz = c.timezone.as_ref().map_or(Pos::from(config), Pos::from);
+        return Err(at(
+            tz,
+            "`timezone` says where calendar windows open: give `calendar` (day, week, month              or year) too",
+        ));
+    };
+    let clashing = [
+        ("period", c.period.as_ref().map(Pos::from)),
+        ("start", c.start.as_ref().map(Pos::from)),
+        ("rps", c.rps.as_ref().map(Pos::from)),
+        (
+            "tokens_per_second",
+            c.tokens_per_second.as_ref().map(Pos::from),
+        ),
+    ];
+    if let Some((field, pos)) = clashing.into_iter().find_map(|(f, pos)| Some((f, pos?))) {
+        return Err(at(
+            pos,
+            format!(
+                "`{field}` cannot be combined with `calendar`: a calendar window admits `rate`                  tokens in each {}, which opens at local midnight",
+                unit_field.value
+            ),
+        ));
+    }
+    let unit: CalendarUnit = unit_field.value.parse().map_err(|e| at(unit_field, e))?;
+    let calendar = match &c.timezone {
+        Some(tz) => Calendar::new(unit, &tz.value).map_err(|e| at(tz, e))?,
+        None => Calendar::utc(unit),
+    };
+    let Some(value) = &c.rate else {
+        return Err(at(
+            config,
+            format!("a calendar window needs `rate`: the tokens in each {unit}"),
+        ));
+    };
+    let rate = Rate {
+        tokens: positive("rate", value)?,
+        period: unit.nominal(),
+        pos: Pos::from(value),
+        field: "rate",
+    };
+    Ok((rate, calendar))
+}
+
+fn fixed_window(
+    c: &RawConfig,
+    rate: &Rate,
+    calendar: Option<Calendar>,
+) -> Result<(Algorithm, CapacitySource), Invalid> {
     if let Some(b) = &c.burst {
         return Err(at(
             b,
             "a fixed_window has no `burst`; use `capacity` to let unused tokens roll over",
         ));
     }
-    let mut fw = FixedWindow::new(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
+    let mut fw = match calendar {
+        Some(cal) => FixedWindow::on_calendar(rate.tokens, cal),
+        None => FixedWindow::new(rate.tokens, rate.period),
+    }
+    .map_err(|e| at(rate.pos, e))?;
     let mut capacity = CapacitySource::defaulted("capacity", rate);
     if let Some(v) = &c.capacity {
         fw = fw

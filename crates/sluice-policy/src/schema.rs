@@ -95,6 +95,8 @@ pub(crate) struct RawConfig {
     pub(crate) burst: Option<Spanned<Num>>,
     pub(crate) capacity: Option<Spanned<Num>>,
     pub(crate) start: Option<Spanned<Secs>>,
+    pub(crate) calendar: Option<Spanned<String>>,
+    pub(crate) timezone: Option<Spanned<String>>,
     pub(crate) max_reserved: Option<Spanned<Num>>,
     pub(crate) shards: Option<Spanned<u32>>,
     pub(crate) cost_source: Option<Spanned<String>>,

@@ -722,3 +722,56 @@ fn concurrency_limits_take_whole_slots_and_no_rate() {
         "limits:\n  t:\n    algorithm: token_bucket\n    algorithm_config: {rps: 1, max: 2}\n";
     assert_err(tokens, 4, 37, "belongs to a concurrency limit");
 }
+
+#[test]
+fn calendar_windows_refuse_what_the_calendar_says_itself() {
+    let fixed = |config: &str| rule("fixed_window", config);
+    assert_err(
+        &fixed("      rate: 10\n      calendar: fortnight\n"),
+        7,
+        17,
+        "calendar must be one of day, week, month, year",
+    );
+    assert_err(
+        &fixed("      rate: 10\n      calendar: day\n      timezone: Europe/Atlantis\n"),
+        8,
+        17,
+        "not in the tz database",
+    );
+    assert_err(
+        &fixed("      rate: 10\n      period: 30d\n      calendar: month\n"),
+        7,
+        15,
+        "`period` cannot be combined with `calendar`",
+    );
+    assert_err(
+        &fixed("      rate: 10\n      start: 0\n      calendar: month\n"),
+        7,
+        14,
+        "`start` cannot be combined with `calendar`",
+    );
+    assert_err(
+        &fixed("      rps: 10\n      calendar: month\n"),
+        6,
+        12,
+        "`rps` cannot be combined with `calendar`",
+    );
+    assert_err(
+        &fixed("      rate: 10\n      timezone: UTC\n"),
+        7,
+        17,
+        "give `calendar`",
+    );
+    assert_err(
+        &fixed("      rate: 10\n      calendar: day\n      capacity: 1000\n"),
+        8,
+        17,
+        "at most 32 times its rate",
+    );
+    assert_err(
+        &rule("token_bucket", "      rps: 10\n      calendar: month\n"),
+        7,
+        17,
+        "only a fixed_window opens on the calendar",
+    );
+}

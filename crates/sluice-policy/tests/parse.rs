@@ -8,7 +8,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use sluice_core::{Algorithm, FixedWindow, Nanos, SlidingLog, SlidingWindow, TokenBucket};
+use sluice_core::{
+    Algorithm, Calendar, CalendarUnit, FixedWindow, Nanos, SlidingLog, SlidingWindow, TokenBucket,
+};
 use sluice_policy::{
     Condition, CostSource, Enforcement, LimitKey, OnStoreError, Policy, RequestParts, StoreConfig,
 };
@@ -67,6 +69,11 @@ const FULL_JSON: &str = r#"{
       "algorithm_config": {"tokens_per_second": 40000, "burst": 400000,
                            "max_reserved": 2000000, "shards": 4}
     },
+    "llmTokensMonthly": {
+      "algorithm": "fixed_window",
+      "algorithm_config": {"rate": 100000000, "calendar": "month",
+                           "timezone": "Europe/Berlin", "max_reserved": 2000000}
+    },
     "uploads": {
       "algorithm": "concurrency",
       "algorithm_config": {"max": 2, "lease": "5m"}
@@ -105,7 +112,10 @@ fn example_policy_file_parses() {
     assert_eq!(p.on_store_error(), OnStoreError::Open);
 
     let names: Vec<_> = p.limits().iter().map(|l| l.name()).collect();
-    assert_eq!(names, ["sendMessage", "llmTokens", "uploads"]);
+    assert_eq!(
+        names,
+        ["sendMessage", "llmTokens", "llmTokensMonthly", "uploads"]
+    );
     let Algorithm::Concurrency(uploads) = *p.limit("uploads").unwrap().algorithm() else {
         panic!("uploads should be a concurrency limit")
     };
@@ -529,4 +539,66 @@ rules:
     assert_eq!(applied("gold"), ["gold", "everyone", "per-path"]);
     assert_eq!(applied("silver"), ["silver", "everyone", "per-path"]);
     assert_eq!(applied("bronze"), ["free", "everyone", "per-path"]);
+}
+
+#[test]
+fn a_fixed_window_opens_on_the_calendar_in_its_time_zone() {
+    let month = Calendar::new(CalendarUnit::Month, "Europe/Berlin").unwrap();
+    assert_eq!(
+        algorithm(
+            "fixed_window",
+            "{rate: 100000, calendar: month, timezone: Europe/Berlin, max_reserved: 500}"
+        ),
+        FixedWindow::on_calendar(100_000.0, month)
+            .unwrap()
+            .with_max_reserved(500.0)
+            .unwrap()
+            .into()
+    );
+    let Algorithm::FixedWindow(w) = algorithm("fixed_window", "{rate: 3, calendar: week}") else {
+        panic!()
+    };
+    assert_eq!(w.calendar(), Some(Calendar::utc(CalendarUnit::Week)));
+    assert_eq!(w.calendar().unwrap().zone_name(), "UTC");
+    assert_eq!(w.period(), CalendarUnit::Week.nominal());
+}
+
+/// Every policy the README and the docs show in a `yaml` block parses (a
+/// block that is a list of rules, as a fragment, under `rules:`), warnings
+/// and all, so that no page shows a field that does not exist.
+#[test]
+fn every_policy_the_docs_show_parses() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
+    let mut pages = vec![root.join("README.md")];
+    for entry in std::fs::read_dir(root.join("docs")).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_some_and(|e| e == "md") {
+            pages.push(path);
+        }
+    }
+    let mut blocks = 0;
+    for page in &pages {
+        let text = std::fs::read_to_string(page).unwrap();
+        let mut lines = text.lines();
+        while let Some(line) = lines.next() {
+            if line.trim() != "```yaml" {
+                continue;
+            }
+            let block: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
+            let yaml = if block.first().is_some_and(|l| l.starts_with("- ")) {
+                let indented: Vec<String> = block.iter().map(|l| format!("  {l}")).collect();
+                format!("rules:\n{}\n", indented.join("\n"))
+            } else {
+                block.join("\n")
+            };
+            if let Err(e) = Policy::from_str(&yaml, "block.yaml") {
+                panic!(
+                    "{}: a policy that does not parse: {e}\n{yaml}",
+                    page.display()
+                );
+            }
+            blocks += 1;
+        }
+    }
+    assert!(blocks >= 5, "only {blocks} policies found in the docs");
 }

@@ -19,7 +19,7 @@ use std::sync::LazyLock;
 use redis::{Cmd, Value};
 use sluice_core::algorithm::{self, State};
 use sluice_core::sliding::{LogReading, MAX_LOG_ENTRIES, WindowState};
-use sluice_core::{Algorithm, Limit, Mode, Nanos, Op, Settle, StoreError};
+use sluice_core::{Algorithm, Calendar, FixedWindow, Limit, Mode, Nanos, Op, Settle, StoreError};
 use smallvec::SmallVec;
 
 use crate::keys;
@@ -282,6 +282,10 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 mr,
             ],
         ),
+        Algorithm::FixedWindow(fw) if fw.calendar().is_some() => (
+            6u8,
+            [fw.rate(), fw.debt_windows() as f64, fw.capacity(), mr],
+        ),
         // Periods are checked to be whole numbers of units in `Txn::push`.
         Algorithm::FixedWindow(fw) => (
             2u8,
@@ -305,11 +309,35 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
     }
 }
 
-/// Builds one script call deciding `txns` in order.
+/// Appends a calendar window's boundaries for the script: every one that
+/// can matter to a call at `at` (in units of `u` ns), with their count.
+///
+/// A call rolls a key over the boundaries since its last write, and looks
+/// ahead to the one that fills it again (its TTL, and how full a key of
+/// another kind comes back): none of them further than the windows a key
+/// can be short of full, its capacity and its deepest debt, each at most
+/// `CALENDAR_WINDOWS` windows' rate. One more on each side covers a Redis
+/// clock on the other side of a boundary from the client's.
+fn push_boundaries(out: &mut Vec<u8>, fw: &FixedWindow, cal: Calendar, at: Nanos, u: i64) {
+    let short = (fw.capacity() / fw.rate()).ceil() as i64 + fw.debt_windows() + 2;
+    let here = cal.index(at);
+    let (first, last) = (here.saturating_sub(short), here.saturating_add(short));
+    out.extend_from_slice(&((last - first + 1) as f64).to_le_bytes());
+    for i in first..=last {
+        // Boundaries fall on whole seconds (every offset in the tz
+        // database is), so a unit of Redis time divides them.
+        let b = cal.start(i).0.div_euclid(u);
+        out.extend_from_slice(&(b as f64).to_le_bytes());
+    }
+}
+
+/// Builds one script call deciding `txns` in order; `at` is the client's
+/// time, which the boundaries of calendar windows are found around.
 pub(crate) fn invocation<'a>(
     txns: impl Iterator<Item = &'a Txn> + Clone,
     unit: TimeUnit,
     now: Option<Nanos>,
+    at: Nanos,
     min_ttl_ms: u64,
 ) -> Cmd {
     let u = unit.ns();
@@ -322,6 +350,7 @@ pub(crate) fn invocation<'a>(
     let mut limit_blob: Vec<u8> = Vec::with_capacity(33 * 2);
     let mut op_blob: Vec<u8> = Vec::with_capacity(17 * nops);
     let mut extra_blob: Vec<u8> = Vec::new();
+    let mut calendar_blob: Vec<u8> = Vec::new();
     let mut key_bytes = 0;
     let mut key_of = |k: &'a str| -> u32 {
         let next = key_list.len() as u32 + 1;
@@ -341,6 +370,11 @@ pub(crate) fn invocation<'a>(
                 None => {
                     limits.push(&op.alg);
                     push_limit(&mut limit_blob, &op.alg, u);
+                    if let Algorithm::FixedWindow(fw) = &op.alg
+                        && let Some(cal) = fw.calendar()
+                    {
+                        push_boundaries(&mut calendar_blob, fw, cal, at, u);
+                    }
                     limits.len()
                 }
             };
@@ -373,8 +407,8 @@ pub(crate) fn invocation<'a>(
         }
     }
     let mut cmd = Cmd::with_capacity(
-        9 + key_list.len(),
-        96 + key_bytes + limit_blob.len() + op_blob.len() + extra_blob.len(),
+        10 + key_list.len(),
+        96 + key_bytes + limit_blob.len() + op_blob.len() + extra_blob.len() + calendar_blob.len(),
     );
     cmd.arg("EVALSHA")
         .arg(script().get_hash())
@@ -390,7 +424,8 @@ pub(crate) fn invocation<'a>(
     cmd.arg(min_ttl_ms)
         .arg(limit_blob)
         .arg(op_blob)
-        .arg(extra_blob);
+        .arg(extra_blob)
+        .arg(calendar_blob);
     cmd
 }
 

@@ -864,6 +864,7 @@ async fn call(shared: Arc<Shared>, jobs: Vec<Job>) {
         jobs.iter().map(|j| &j.txn),
         shared.unit,
         now,
+        now.unwrap_or_else(|| shared.clock.now()),
         shared.min_ttl_ms(),
     );
     // The transactions stay to read the reply by; the callers still

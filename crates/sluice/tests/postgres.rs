@@ -277,16 +277,28 @@ fn span_of(seen: &[(Instant, Instant, bool)]) -> f64 {
     (last - first).as_secs_f64()
 }
 
-/// Whether calls came at least twice as fast as `rate` a second, so that
+/// Whether calls came at least twice as fast as `rate` a second, answered
+/// within 20 ms at the median, so that
 /// each token or slot was taken soon after it came. Release builds on two
 /// cores offer thousands a second; debug builds on a machine busy with
 /// other tests may not, and then only the upper bound says anything.
 fn fast_enough(seen: &[(Instant, Instant, bool)], rate: f64) -> bool {
     let offered = seen.len() as f64 / span_of(seen);
-    if offered < 2.0 * rate {
-        eprintln!("{offered:.0} calls a second: too few to check how close to the bound");
+    // The bound counts from the first call's sending to the last answer,
+    // while the database decides in between, a round trip inside both
+    // ends: on a machine loaded by builds beside the test, round trips of
+    // 100 ms were seen to cost 2% of the bound.
+    let mut trips: Vec<Duration> = seen.iter().map(|s| s.1 - s.0).collect();
+    trips.sort();
+    let median = trips.get(trips.len() / 2).copied().unwrap_or_default();
+    let fast = offered >= 2.0 * rate && median <= Duration::from_millis(20);
+    if !fast {
+        eprintln!(
+            "{offered:.0} calls a second, round trips of {median:?}: too slow to check how \
+             close to the bound"
+        );
     }
-    offered >= 2.0 * rate
+    fast
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

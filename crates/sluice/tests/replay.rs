@@ -990,3 +990,59 @@ fn a_report_shows_each_rule_over_time_and_what_shadow_rules_would_have_done() {
         );
     }
 }
+
+const CALENDAR: &str = "
+rules:
+  - name: monthly
+    match: {path: /api/month}
+    limit_keys: [ip:address]
+    algorithm: fixed_window
+    algorithm_config: {rate: 100, calendar: month, timezone: Europe/Berlin}
+  - name: daily
+    match: {path: /api/day}
+    limit_keys: [ip:address]
+    algorithm: fixed_window
+    algorithm_config: {rate: 10, calendar: day, timezone: Europe/Berlin}
+";
+
+fn at(t: i64, path: &str) -> Value {
+    json!({"t": t, "ip": "203.0.113.9", "method": "GET", "path": path})
+}
+
+/// Events at 31 March 2026, 23:59:59 in Berlin (two days into summer
+/// time), then from 1 April, 00:00:00: a hundred of each are admitted.
+#[test]
+fn a_monthly_quota_in_berlin_renews_at_local_midnight_on_replay() {
+    let (march, april) = (1_774_994_399, 1_774_994_400);
+    let mut events: Vec<Value> = (0..101).map(|_| at(march, "/api/month")).collect();
+    events.extend((0..101).map(|_| at(april, "/api/month")));
+    let ds = replay(CALENDAR, &events);
+    let admitted = |ds: &[Value]| ds.iter().filter(|d| d["allowed"] == true).count();
+    assert_eq!(admitted(&ds[..101]), 100);
+    assert_eq!(ds[100]["allowed"], false);
+    assert_eq!(ds[100]["retry_after"], 1.0);
+    assert_eq!(admitted(&ds[101..]), 100);
+    assert_eq!(ds[201]["retry_after"], 30.0 * 86_400.0, "April has 30 days");
+}
+
+/// On 25 October 2026 Berlin's clocks go back: the day lasts 25 hours, and
+/// its quota of ten is admitted once in them.
+#[test]
+fn a_daily_quota_on_the_day_clocks_go_back_admits_once_on_replay() {
+    let day = 1_792_879_200; // 2026-10-25T00:00:00+02:00
+    let hour = 3_600;
+    let mut events: Vec<Value> = (0..11).map(|_| at(day, "/api/day")).collect();
+    events.push(at(day + 24 * hour, "/api/day"));
+    events.extend((0..11).map(|_| at(day + 25 * hour, "/api/day")));
+    let ds = replay(CALENDAR, &events);
+    let allowed: Vec<bool> = ds.iter().map(|d| d["allowed"] == true).collect();
+    let mut want = vec![true; 10];
+    want.push(false);
+    want.push(false);
+    want.extend([true; 10]);
+    want.push(false);
+    assert_eq!(allowed, want);
+    assert_eq!(ds[10]["retry_after"], 25.0 * 3_600.0);
+    assert_eq!(ds[11]["retry_after"], 3_600.0, "an hour of the 25 is left");
+    assert_eq!(ds[22]["retry_after"], 24.0 * 3_600.0);
+}

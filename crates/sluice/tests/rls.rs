@@ -65,6 +65,16 @@ rules:
     match: {"descriptor:kind": "post"}
     algorithm: sliding_window
     algorithm_config: {rate: 2, period: 1m, start: 0}
+  - name: monthly-tokens
+    domain: billing
+    limit_keys: ["descriptor:org"]
+    algorithm: fixed_window
+    algorithm_config: {rate: 100000, calendar: month, timezone: Europe/Berlin}
+  - name: yearly-exports
+    domain: billing
+    limit_keys: ["descriptor:team"]
+    algorithm: fixed_window
+    algorithm_config: {rate: 12, calendar: year}
   # An HTTP rule (no domain) never answers Envoy.
   - name: http-only
     limit_keys: []
@@ -524,5 +534,28 @@ async fn an_override_per_month_or_year_is_reported_per_month_or_year() {
                 "{count} per {unit:?}"
             );
         }
+    }
+}
+
+#[tokio::test]
+async fn a_calendar_quota_is_reported_per_month_or_year() {
+    let mut c = client().await;
+    for (key, name, count, unit) in [
+        ("org", "monthly-tokens", 100_000, Unit::Month),
+        ("team", "yearly-exports", 12, Unit::Year),
+    ] {
+        let r = ask(
+            &mut c,
+            request("billing", vec![descriptor(&[(key, "acme")])], 0),
+        )
+        .await;
+        assert_eq!(r.overall_code, Code::Ok as i32);
+        let s = &r.statuses[0];
+        assert_eq!(s.limit_remaining, count - 1);
+        let limit = s.current_limit.as_ref().unwrap();
+        assert_eq!(
+            (limit.name.as_str(), limit.requests_per_unit, limit.unit),
+            (name, count, unit as i32)
+        );
     }
 }

@@ -25,13 +25,16 @@
 --
 -- KEYS: every distinct key of the batch.
 -- ARGV: unit_ns, now ('' = Redis TIME, in microseconds), min_ttl_ms, limits,
--- ops, extras, where the last three are packed little-endian records:
+-- ops, extras, calendars, where the last four are packed little-endian
+-- records:
 --   limit: kind (B), p1, p2, p3, p4 (d)
 --     1 token bucket: tokens per period, period in ns, burst, how far a reservation may go (see Algorithm::reservable)
 --     2 fixed window: rate, period in units, capacity, how far a reservation may go (see Algorithm::reservable)
 --     3 sliding window: rate, period in units, 0, 0
 --     4 sliding log: rate, period in units, the most entries a log keeps, 0
 --     5 concurrency: max slots, lease in units, 0, 0
+--     6 calendar window: rate, the windows of its deepest debt, capacity,
+--       how far a reservation may go; its boundaries come in calendars
 --   op: ctl (B), key a (I4, index into KEYS), limit (I4, index into the
 --     limits), cost (d)
 --     ctl: 1 consume, 2 reserve, 4 first op of its transaction, 8 last op,
@@ -42,6 +45,11 @@
 --   extra, one per op with ctl bit 16, in op order: key b (I4, the second
 --     candidate key of a sharded limit), origin in units (d, fixed and
 --     sliding window), or the lease id (d, below 2^53, concurrency)
+--   calendars, one per calendar window limit, in limit order: a count n
+--     (d), then n window boundaries in units (d), ascending: every boundary
+--     that can matter to a call at the client's time (see
+--     sluice-redis's script.rs, `boundaries`), since the script has no tz
+--     database to find them with
 -- Returns {now, replies}: replies is a string holding, per transaction, one
 -- byte (1 allowed, 0 denied), then per op one byte (bit 0: which of its two
 -- keys it used; bit 1: a state follows; bit 2: a log's newest entry is
@@ -99,6 +107,31 @@ do
     n = n + 1
     kind[n], p1[n], p2[n], p3[n], p4[n], pos = unpack_s('<Bdddd', blob, pos)
   end
+end
+
+-- Each calendar window limit's boundaries, bnd[l].
+local bnd = {}
+do
+  local blob, pos = ARGV[7] or '', 1
+  for l = 1, #kind do
+    if kind[l] == 6 then
+      local n
+      n, pos = unpack_s('<d', blob, pos)
+      local b = {}
+      for i = 1, n do b[i], pos = unpack_s('<d', blob, pos) end
+      bnd[l] = b
+    end
+  end
+end
+
+-- The index in b of the last boundary at or before t (0 if none).
+local function last_at(b, t)
+  local lo, hi = 0, #b
+  while lo < hi do
+    local mid = floor((lo + hi + 1) / 2)
+    if b[mid] <= t then lo = mid else hi = mid - 1 end
+  end
+  return lo
 end
 
 -- Every state, read at once: tok[k] is false for a missing key (or one
@@ -176,6 +209,21 @@ local function advance(l, tokens, ts, origin)
     if now > ts then ts = now end
     return t, ts
   end
+  if kind[l] == 6 then
+    -- algorithm.rs's calendar_roll: rate for each boundary passed since
+    -- the window of ts, ts moved to the last one. A state older than the
+    -- first boundary has passed more than the script was given, which are
+    -- always enough to fill it.
+    local b = bnd[l]
+    local j = last_at(b, now)
+    if not tokens then return p3[l], b[j] or now end
+    local windows = j - last_at(b, ts)
+    if ts < (b[1] or ts) then windows = j + 1 end
+    if windows <= 0 then return tokens, ts end
+    local t = tokens + p1[l] * windows
+    if t > p3[l] then t = p3[l] end
+    return t, b[j]
+  end
   local period = p2[l]
   if not tokens then
     return p3[l], origin + idiv(now - origin, period) * period
@@ -220,7 +268,19 @@ local function flat_ghost(k, l, origin)
   local e = ghost_end(k)
   if not e then return end
   local span = e - now
-  if kind[l] == 1 then
+  if kind[l] == 6 then
+    -- algorithm.rs's least_tokens: a window's rate short for each boundary
+    -- until the ghost ends (one at least), never deeper than the deepest
+    -- debt.
+    local b = bnd[l]
+    local j = last_at(b, now)
+    local n = last_at(b, e) - j
+    if n < 1 then n = 1 end
+    local t = p3[l] - p1[l] * n
+    local deepest = p1[l] * p2[l]
+    if t < -deepest then t = -deepest end
+    tok[k], tsv[k] = t, b[j] or now
+  elseif kind[l] == 1 then
     -- One nanosecond more, as sluice-core's least_tokens rounds.
     tok[k], tsv[k] = p3[l] - (span * unit + 1) * p1[l] / p2[l], now
   else
@@ -830,6 +890,8 @@ use_rare = function()
         local deepest
         if kind[l] == 1 then
           deepest = 31536000000000000 * p1[l] / p2[l]
+        elseif kind[l] == 6 then
+          deepest = p1[l] * p2[l]
         else
           deepest = p1[l] * idiv(31536000000000000 / unit, p2[l])
         end
@@ -943,7 +1005,7 @@ for i = 0, nops - 1 do
       use_rare().release_op(a, l, origin)
     elseif settle > 0 then
       use_rare().settle_op(a, l, cost, origin, settle)
-    elseif kind[l] >= 3 then
+    elseif kind[l] >= 3 and kind[l] <= 5 then
       if not sliding_op(ctl, a, b, l, cost, origin, ptok == nil) then ok = false end
     else
       local k, pick = a, 0
@@ -1040,7 +1102,7 @@ end
 local dels, ndels = {}, 0
 for k = 1, nkeys do
   local l = wlim[k]
-  local sliding = l and kind[l] >= 3
+  local sliding = l and kind[l] >= 3 and kind[l] <= 5
   if sliding then
     local value, head, empty_at
     if kind[l] == 3 then
@@ -1082,6 +1144,16 @@ for k = 1, nkeys do
       local span
       if kind[l] == 1 then
         span = missing * p2[l] / p1[l]
+      elseif kind[l] == 6 then
+        -- algorithm.rs's full_at: the boundary that many windows after ts.
+        local w = missing / p1[l]
+        local c = w - w % 1
+        if c < w then c = c + 1 end
+        local b = bnd[l]
+        local at = b[last_at(b, ts) + c]
+        -- The script is given every boundary a key can wait for; past
+        -- them, a year a window keeps it long enough.
+        if at then span = (at - ts) * unit else span = c * 31622400000000000 end
       else
         local w = missing / p1[l]
         local c = w - w % 1
