@@ -10,9 +10,9 @@
 //! sluice is faster) and the range of the rounds' ratios.
 //!
 //! A second table pairs the same way the token bucket with each sliding
-//! algorithm, all on the in-memory store, at 1 and 100k keys on one thread:
-//! the time per decision of each, and the sliding one's time over the
-//! bucket's (above 1 means the sliding one is slower).
+//! algorithm and with a calendar window, all on the in-memory store, at 1
+//! and 100k keys on one thread: the time per decision of each, and the
+//! other one's time over the bucket's (above 1 means the other is slower).
 //!
 //! `cargo bench -p sluice-core --bench paired`. Settings (environment):
 //! `SLUICE_PAIRED_ROUNDS` (15), `SLUICE_PAIRED_SLICE_MS` (25),
@@ -33,7 +33,10 @@ mod common;
 use std::time::Duration;
 
 use common::{Case, Fill, KEY_COUNTS, Sides, Walk, keys, timed_walk};
-use sluice_core::{Limit, MemoryStore, Mode, Nanos, Op, SlidingLog, SlidingWindow};
+use sluice_core::{
+    Calendar, CalendarUnit, FixedWindow, Limit, MemoryStore, Mode, Nanos, Op, SlidingLog,
+    SlidingWindow,
+};
 
 fn setting(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -303,19 +306,32 @@ impl Filled {
 /// allowed with every key held (a window of an hour; a log would grow by
 /// every call, so it has no such case); every call denied after the first,
 /// each key holding one count or one entry.
+///
+/// And a calendar window (a day in Berlin), whose every call reads the
+/// local date from the tz database: every call allowed with every key held,
+/// and every call denied after the first. (A day is too long for keys to
+/// be empty again by their next visit.)
 fn sliding(case: Case) -> Vec<(&'static str, Limit)> {
     let window = |rate, ns| SlidingWindow::per_period(rate, Nanos(ns)).unwrap();
     let log = |rate, ns| SlidingLog::per_period(rate, Nanos(ns)).unwrap();
+    let day = |rate| {
+        let berlin = Calendar::new(CalendarUnit::Day, "Europe/Berlin").unwrap();
+        Limit::new("api", FixedWindow::on_calendar(rate, berlin).unwrap())
+    };
     let (short, hour) = (Nanos::PER_SEC / 10_000, 3_600 * Nanos::PER_SEC);
     match case {
         Case::Allowed => vec![
             ("sliding_window", Limit::new("api", window(1e9, short))),
             ("sliding_log", Limit::new("api", log(1e9, short))),
         ],
-        Case::AllowedHeld => vec![("sliding_window", Limit::new("api", window(4e9, hour)))],
+        Case::AllowedHeld => vec![
+            ("sliding_window", Limit::new("api", window(4e9, hour))),
+            ("calendar_day", day(4e9)),
+        ],
         Case::Denied => vec![
             ("sliding_window", Limit::new("api", window(1.0, hour))),
             ("sliding_log", Limit::new("api", log(1.0, hour))),
+            ("calendar_day", day(1.0)),
         ],
     }
 }
@@ -340,8 +356,8 @@ fn against_the_bucket(timing: &Timing, wanted: &impl Fn(&str) -> bool) -> usize 
         }
         if header {
             println!(
-                "\n{:<38} {:>12} {:>12} {:>7}  rounds' ratios (sliding / bucket, 1 thread)",
-                "case", "bucket", "sliding", "ratio"
+                "\n{:<38} {:>12} {:>12} {:>7}  rounds' ratios (other / bucket, 1 thread)",
+                "case", "bucket", "other", "ratio"
             );
             header = false;
         }

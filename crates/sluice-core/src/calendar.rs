@@ -190,6 +190,21 @@ impl Calendar {
     /// assert_eq!(day.index(Nanos(-Nanos::PER_SEC)), -1);
     /// ```
     pub fn index(&self, t: Nanos) -> i64 {
+        if let Some(w) = Recent::find(|w| w.calendar == *self && w.start <= t && t < w.end) {
+            return w.index;
+        }
+        let index = self.index_uncached(t);
+        Recent::keep(Window {
+            calendar: *self,
+            index,
+            start: self.start_uncached(index),
+            end: self.start_uncached(index.saturating_add(1)),
+        });
+        index
+    }
+
+    /// [`Calendar::index`] from the tz database.
+    fn index_uncached(&self, t: Nanos) -> i64 {
         // Every i64 of nanoseconds is an instant jiff holds.
         let at = Timestamp::from_nanosecond(i128::from(t.0)).unwrap_or(Timestamp::UNIX_EPOCH);
         let date = at.to_zoned_datetime(zone(self.zone)).date();
@@ -214,6 +229,18 @@ impl Calendar {
     /// assert_eq!(year.start(9_000), Nanos(i64::MAX));
     /// ```
     pub fn start(&self, index: i64) -> Nanos {
+        let near = Recent::find(|w| {
+            w.calendar == *self && (w.index == index || w.index.checked_add(1) == Some(index))
+        });
+        match near {
+            Some(w) if w.index == index => w.start,
+            Some(w) => w.end,
+            None => self.start_uncached(index),
+        }
+    }
+
+    /// [`Calendar::start`] from the tz database.
+    fn start_uncached(&self, index: i64) -> Nanos {
         let date = match self.unit {
             CalendarUnit::Day => from_epoch_day(index),
             CalendarUnit::Week => index
@@ -250,6 +277,41 @@ impl fmt::Debug for Calendar {
             .field("unit", &self.unit)
             .field("zone", &self.zone_name())
             .finish()
+    }
+}
+
+/// A window a thread has looked up: most calls on a calendar window ask
+/// about the window that holds the present, and its bounds, again and
+/// again, and the tz database takes far longer to answer than this.
+#[derive(Clone, Copy)]
+struct Window {
+    calendar: Calendar,
+    index: i64,
+    start: Nanos,
+    end: Nanos,
+}
+
+/// The windows this thread looked up last, a few calendars' worth.
+struct Recent;
+
+const RECENT: usize = 4;
+
+thread_local! {
+    static RECENT_WINDOWS: std::cell::Cell<([Option<Window>; RECENT], usize)> =
+        const { std::cell::Cell::new(([None; RECENT], 0)) };
+}
+
+impl Recent {
+    fn find(wanted: impl Fn(&Window) -> bool) -> Option<Window> {
+        let (windows, _) = RECENT_WINDOWS.get();
+        windows.into_iter().flatten().find(wanted)
+    }
+
+    /// Keeps `w` in place of the one kept longest ago.
+    fn keep(w: Window) {
+        let (mut windows, next) = RECENT_WINDOWS.get();
+        windows[next] = Some(w);
+        RECENT_WINDOWS.set((windows, (next + 1) % RECENT));
     }
 }
 

@@ -101,12 +101,12 @@ fn calls() -> impl Strategy<Value = Vec<(i64, i64, bool)>> {
             0i64..64,
             any::<bool>(),
         ),
-        1..60,
+        1..40,
     )
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig::with_cases(40))]
+    #![proptest_config(ProptestConfig::with_cases(24))]
 
     /// Decisions, remaining tokens, the stored value and `retry_after` are
     /// what the model says, in every zone, across its clock changes.
