@@ -585,9 +585,12 @@ fn every_policy_the_docs_show_parses() {
                 continue;
             }
             let block: Vec<&str> = lines.by_ref().take_while(|l| l.trim() != "```").collect();
-            let yaml = if block.first().is_some_and(|l| l.starts_with("- ")) {
+            let first = block.first().copied().unwrap_or_default();
+            let yaml = if first.starts_with("- ") {
                 let indented: Vec<String> = block.iter().map(|l| format!("  {l}")).collect();
                 format!("rules:\n{}\n", indented.join("\n"))
+            } else if first.trim_start().starts_with("- ") {
+                format!("rules:\n{}\n", block.join("\n"))
             } else {
                 block.join("\n")
             };
