@@ -40,6 +40,12 @@ pub struct Activity {
     pub rules: Vec<RuleActivity>,
     /// The store calls.
     pub store: StoreActivity,
+    /// Requests held now until their reservations are due (rules with
+    /// `on_limit: {delay}`, and [`until_ready_named`] calls): not a total
+    /// but the number at the reading.
+    ///
+    /// [`until_ready_named`]: crate::Enforcer::until_ready_named
+    pub held: u64,
 }
 
 /// One rule's decisions in one mode.

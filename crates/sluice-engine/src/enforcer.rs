@@ -17,6 +17,7 @@ use smallvec::SmallVec;
 use crate::activity::Activity;
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, InlineLimits, check_name};
 use crate::meters::{Meters, StoreOp};
+use crate::reservation::{Refunder, Reservation, Reserved, refunder};
 use crate::slots::{Held, HeldLeases, Releaser, failed_release, releaser};
 use crate::store_errors;
 use crate::top_keys::TopKeys;
@@ -61,6 +62,9 @@ pub struct Enforcer<S> {
     store: Arc<S>,
     /// Gives leases back in the background (see [`HeldLeases`]).
     releaser: Releaser,
+    /// Gives abandoned reservations back in the background (see
+    /// [`Reservation`]).
+    refunder: Refunder,
     meters: Meters,
     /// Where hot-key shard choices come from when they must repeat (replay);
     /// `None` draws them at random.
@@ -89,6 +93,7 @@ impl<S: Store + 'static> Enforcer<S> {
             policy: ArcSwap::from_pointee(policy),
             since: AtomicU64::new(unix_millis(SystemTime::now())),
             releaser: releaser(Arc::clone(&store), Arc::clone(&meters.errors)),
+            refunder: refunder(Arc::clone(&store), Arc::clone(&meters.errors)),
             store,
             meters,
             picks: None,
@@ -408,6 +413,114 @@ impl<S: Store + 'static> Enforcer<S> {
         HeldLeases::new(std::mem::take(&mut verdict.leases), &self.releaser)
     }
 
+    /// Takes what `verdict` reserved for a held request (see
+    /// [`Verdict::delay`]) into a [`Reservation`] that gives it back when
+    /// dropped before it is kept: hold it while the request waits, and
+    /// keep it when the request goes on ([`Reservation::until_due`] does
+    /// both). A verdict with no delay gives [`Reservation::none`].
+    pub fn reservation(&self, verdict: &mut Verdict) -> Reservation {
+        match verdict.delay {
+            Some(wait) if !verdict.reserved.is_empty() => Reservation::new(
+                std::mem::take(&mut verdict.reserved),
+                wait,
+                &self.refunder,
+                &self.meters.held,
+            ),
+            _ => Reservation::none(),
+        }
+    }
+
+    /// Reserves `cost` of `key` on the named limit `named` and waits until
+    /// the reservation is due, as governor's `until_ready` does, on any
+    /// store: `Ok` once the call may go on (its tokens spent). A wait
+    /// longer than `max` is not waited: the reservation is given back and
+    /// the error says how long it would have been; so is a call the limit
+    /// refuses outright (beyond its `max_reserved`, or serving a penalty),
+    /// with its `retry_after`. `jitter` adds a random wait of up to that
+    /// much to a call that has to wait, so that callers held together do
+    /// not all go on at the same instant. A future dropped before the call
+    /// is due gives the reservation back. While waiting, the call counts in
+    /// [`Activity::held`](crate::Activity::held).
+    ///
+    /// When the store fails, the limit's `on_store_error` decides as in
+    /// [`Enforcer::decide_named`]: `open` lets the call go on at once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::{Enforcer, NotReady};
+    /// # use sluice_policy::Policy;
+    /// let policy = Policy::from_str("limits: {send: {algorithm: token_bucket, algorithm_config: {rps: 10, burst: 1, max_reserved: 10}}}", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let policy = e.policy();
+    /// let send = policy.named_limit("send").unwrap();
+    /// let rt = tokio::runtime::Builder::new_current_thread().enable_time().start_paused(true).build().unwrap();
+    /// rt.block_on(async {
+    ///     let max = Duration::from_millis(150);
+    ///     e.until_ready_named(send, "alice", 1.0, max, None).await.unwrap();
+    ///     // The second waits about 100 ms; the third would wait 200 ms.
+    ///     e.until_ready_named(send, "alice", 1.0, max, None).await.unwrap();
+    ///     let Err(NotReady::Wait(wait)) = e.until_ready_named(send, "alice", 2.0, max, None).await else { panic!() };
+    ///     assert!(wait > max);
+    /// });
+    /// ```
+    pub async fn until_ready_named(
+        &self,
+        named: &NamedLimit,
+        key: &str,
+        cost: f64,
+        max: Duration,
+        jitter: Option<Duration>,
+    ) -> Result<NamedDecision, NotReady> {
+        let op = self.op(named.limit(), key, cost);
+        let d = self
+            .decide_op(named, op, Mode::RESERVE)
+            .await
+            .map_err(NotReady::Store)?;
+        let wait = d.decision.retry_after.map(Duration::from_secs_f64);
+        if !d.decision.allowed {
+            return Err(NotReady::Wait(wait.unwrap_or(max)));
+        }
+        let Some(wait) = wait.filter(|w| !w.is_zero()) else {
+            return Ok(d);
+        };
+        let part = Reserved {
+            limit: named.limit().clone(),
+            key: key.to_owned(),
+            cost,
+        };
+        if wait > max {
+            self.refund(&[part], named.name(), named.on_store_error())
+                .await;
+            return Err(NotReady::Wait(wait));
+        }
+        let extra = jitter.map_or(Duration::ZERO, |j| {
+            Duration::from_nanos(fastrand::u64(
+                ..=u64::try_from(j.as_nanos()).unwrap_or(u64::MAX),
+            ))
+        });
+        Reservation::new(vec![part], wait + extra, &self.refunder, &self.meters.held)
+            .until_due()
+            .await;
+        Ok(d)
+    }
+
+    /// Gives back what `parts` reserved, now, on behalf of `name`.
+    async fn refund(&self, parts: &[Reserved], name: &str, on_error: OnStoreError) {
+        for part in parts {
+            // A failure is counted; the tokens then stay spent.
+            let _ = self
+                .settle(
+                    &part.limit,
+                    name,
+                    on_error,
+                    &part.key,
+                    Settle::Refund(part.cost),
+                )
+                .await;
+        }
+    }
+
     /// Releases a lease taken by [`Enforcer::acquire_named`] or by a
     /// request (see [`crate::Verdict::leases`]): its slots come back at
     /// once. Returns whether it was still held; releasing one that is
@@ -614,10 +727,55 @@ impl<S: Store + 'static> Enforcer<S> {
     /// verify (see [`Verified`]). `policy` is the snapshot `req` was viewed
     /// through (its trusted proxies), so that a reload in between cannot mix
     /// two policies in one decision.
+    ///
+    /// A rule with `on_limit: {delay}` refuses here as if it had none: the
+    /// caller cannot hold the request (see [`Enforcer::enforce_shaped`]).
     pub async fn enforce<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
         let req = Verified::new(req, policy);
         let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
-        self.decide(&hits).await
+        self.decide_in(&hits, false).await
+    }
+
+    /// [`Enforcer::enforce`], for a caller that can hold a request: when
+    /// every enforced rule that applies delays (`on_limit: {delay}`), the
+    /// request reserves rather than consumes, all its rules as one
+    /// transaction, and a request over the limit is admitted with
+    /// [`Verdict::delay`], the time until its tokens are due. A rule whose
+    /// wait is longer than its own `max` refuses the request as it would
+    /// without a delay (the reservation given back at once, the
+    /// `retry_after` the wait). When any enforced rule that applies has no
+    /// delay, the request is decided as [`Enforcer::enforce`] decides it,
+    /// refused over any limit: one rule cannot hold a request that another
+    /// would refuse. Shadow rules never delay.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use sluice_core::{FakeClock, MemoryStore, Nanos};
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::{Policy, RequestParts};
+    /// let policy = Policy::from_str("rules: [{name: r, limit_keys: [ip:address], algorithm: token_bucket, \
+    ///     algorithm_config: {rps: 10, burst: 1, max_reserved: 2}, on_limit: {delay: {max: 1s}}}]", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::with_clock(FakeClock::new(Nanos::ZERO)));
+    /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// let policy = e.policy();
+    /// let delays: Vec<_> = (0..4).map(|_| {
+    ///     let v = rt.block_on(e.enforce_shaped(&policy, &req));
+    ///     v.allowed.then_some(v.delay)
+    /// }).collect();
+    /// let ms = Duration::from_millis;
+    /// assert_eq!(delays, [Some(None), Some(Some(ms(100))), Some(Some(ms(200))), None]);
+    /// ```
+    pub async fn enforce_shaped<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
+        let req = Verified::new(req, policy);
+        let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
+        self.decide_in(&hits, true).await
+    }
+
+    /// [`Enforcer::decide`], for a caller that can hold a request, as
+    /// [`Enforcer::enforce_shaped`] is for [`Enforcer::enforce`].
+    pub async fn decide_shaped(&self, hits: &[RuleHit<'_>]) -> Verdict {
+        self.decide_in(hits, true).await
     }
 
     /// Applies the rules that `hits` found: all enforced ones as one
@@ -636,6 +794,12 @@ impl<S: Store + 'static> Enforcer<S> {
     /// assert_eq!(rt.block_on(e.decide(&hits)).rules.len(), 1);
     /// ```
     pub async fn decide(&self, hits: &[RuleHit<'_>]) -> Verdict {
+        self.decide_in(hits, false).await
+    }
+
+    /// [`Enforcer::decide`], reserving for rules that delay when `shaped`
+    /// (see [`Enforcer::enforce_shaped`]).
+    async fn decide_in(&self, hits: &[RuleHit<'_>], shaped: bool) -> Verdict {
         let mut verdict = Verdict::default();
         // Requests meet a rule or two: these lists stay off the heap.
         let (enforce, shadow): (Hits<'_, '_>, Hits<'_, '_>) = hits
@@ -667,10 +831,15 @@ impl<S: Store + 'static> Enforcer<S> {
             .map(|h| self.op(h.limit(), &h.key, h.cost))
             .collect();
         let rules: SmallVec<[&Rule; 2]> = enforce.iter().map(|h| h.rule).collect();
+        let mode = if shaped && rules.iter().all(|r| r.delay().is_some()) {
+            Mode::RESERVE
+        } else {
+            Mode::CONSUME
+        };
         // The leases the transaction may take, released unless the store
         // says whether it took them.
         let mut pending = self.pending(ops.as_slice());
-        let result = self.transact(&ops, &rules).await;
+        let result = self.transact(&ops, &rules, mode).await;
         if let Ok(out) = &result {
             let taken = pending.disarm();
             if out.allowed {
@@ -680,7 +849,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let outcome = match result {
             Ok(out) => out,
             Err(StoreError::Cost(e)) => {
-                let at = ops.iter().position(|op| op.validate(false).is_err());
+                let at = ops.iter().position(|op| op.validate(mode.reserve).is_err());
                 let rule = at.map_or(rules[0], |i| rules[i]);
                 verdict.allowed = false;
                 verdict.refusal = Some((rule.name().to_owned(), Refusal::Cost(e.to_string())));
@@ -704,6 +873,12 @@ impl<S: Store + 'static> Enforcer<S> {
                 how.outcome(&ops)
             }
         };
+        let outcome = if mode.reserve && outcome.allowed && verdict.without_store.is_none() {
+            self.hold_or_refuse(outcome, &ops, &rules, &mut verdict)
+                .await
+        } else {
+            outcome
+        };
         verdict.rules.reserve_exact(enforce.len());
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
             self.count(hit, d.allowed);
@@ -725,6 +900,49 @@ impl<S: Store + 'static> Enforcer<S> {
         verdict
     }
 
+    /// A reservation's outcome for the rules that delay: held for the
+    /// longest wait among them when each rule's wait is within its `max`
+    /// (what to give back goes into `verdict`), else given back at once and
+    /// refused by the rules whose wait is too long, as a consuming
+    /// transaction would have been.
+    async fn hold_or_refuse(
+        &self,
+        mut outcome: Outcome,
+        ops: &[Op<'_>],
+        rules: &[&Rule],
+        verdict: &mut Verdict,
+    ) -> Outcome {
+        let Some(wait) = outcome.retry_after().filter(|w| *w > 0.0) else {
+            return outcome;
+        };
+        let parts: Vec<Reserved> = ops
+            .iter()
+            .filter(|op| op.cost > 0.0)
+            .map(|op| Reserved {
+                limit: op.limit.clone(),
+                key: op.key.to_owned(),
+                cost: op.cost,
+            })
+            .collect();
+        let mut too_long = false;
+        for (d, rule) in outcome.decisions.iter_mut().zip(rules) {
+            let max = rule.delay().map_or(0.0, |m| m.as_secs_f64());
+            if d.retry_after.is_some_and(|w| w > max) {
+                d.allowed = false;
+                too_long = true;
+            }
+        }
+        if !too_long {
+            verdict.delay = Some(Duration::from_secs_f64(wait));
+            verdict.reserved = parts;
+            return outcome;
+        }
+        let rule = rules[0];
+        self.refund(&parts, rule.name(), rule.on_store_error())
+            .await;
+        Outcome::from_decisions(outcome.decisions)
+    }
+
     /// Whether a shadow rule would have admitted its hit, enforced alone: a
     /// cost it can never admit would deny, and a failed store call answers
     /// as the rule's `on_store_error` says.
@@ -733,7 +951,7 @@ impl<S: Store + 'static> Enforcer<S> {
     async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
         let mut pending = self.pending([&op]);
-        match self.transact(&[op], &[hit.rule]).await {
+        match self.transact(&[op], &[hit.rule], Mode::CONSUME).await {
             Ok(out) => {
                 let taken = pending.disarm();
                 if out.allowed {
@@ -753,13 +971,18 @@ impl<S: Store + 'static> Enforcer<S> {
 
     /// One rules' transaction, timed and counted; failures are counted by
     /// how the rules in it treat them.
-    async fn transact(&self, ops: &[Op<'_>], rules: &[&Rule]) -> Result<Outcome, StoreError> {
+    async fn transact(
+        &self,
+        ops: &[Op<'_>],
+        rules: &[&Rule],
+        mode: Mode,
+    ) -> Result<Outcome, StoreError> {
         let started = Instant::now();
         let result = if rules.iter().all(|r| r.penalty().is_none()) {
-            self.store.transact(ops, Mode::CONSUME).await
+            self.store.transact(ops, mode).await
         } else {
             let owners: Vec<Owner<'_>> = rules.iter().map(|r| Owner::of_rule(r)).collect();
-            self.gated(ops, &owners, Mode::CONSUME).await
+            self.gated(ops, &owners, mode).await
         };
         self.meters.timed(StoreOp::Transact, started);
         if let Err(e) = &result
@@ -813,7 +1036,19 @@ impl<S: Store + 'static> Enforcer<S> {
                 })
             })
             .collect();
-        let out = self.store.transact(&all, mode).await?;
+        let out = if mode.reserve {
+            // A closed gate is a debt that a reservation would wait out,
+            // admitting the call once the penalty ends, its tokens taken
+            // meanwhile. So the gates are checked on their own first, and a
+            // call that one of them shuts reserves nothing.
+            let shut = self.store.transact(&all[ops.len()..], Mode::CHECK).await?;
+            let mode = if shut.allowed { mode } else { Mode::CHECK };
+            let mut out = self.store.transact(ops, mode).await?;
+            out.decisions.extend(shut.decisions);
+            out
+        } else {
+            self.store.transact(&all, mode).await?
+        };
         let mut decisions: SmallVec<[Decision; 2]> =
             out.decisions.iter().take(ops.len()).copied().collect();
         for (i, gate) in gates.iter().enumerate() {
@@ -922,3 +1157,33 @@ fn unix_millis(t: SystemTime) -> u64 {
     t.duration_since(UNIX_EPOCH)
         .map_or(0, |d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
 }
+
+/// Why [`Enforcer::until_ready_named`] did not wait for a call.
+#[derive(Debug)]
+pub enum NotReady {
+    /// The call would have had to wait this long, longer than allowed, or
+    /// the limit refused it outright (beyond its `max_reserved`, or
+    /// serving a penalty) and this is its `retry_after`. Nothing is spent.
+    Wait(Duration),
+    /// The store failed, and the limit fails closed; or the cost is one the
+    /// limit can never admit.
+    Store(StoreError),
+}
+
+impl std::fmt::Display for NotReady {
+    /// What a caller is told.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_engine::NotReady;
+    /// assert_eq!(NotReady::Wait(Duration::from_millis(1500)).to_string(), "not ready for 1.5 s");
+    /// ```
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            NotReady::Wait(w) => write!(f, "not ready for {} s", w.as_secs_f64()),
+            NotReady::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for NotReady {}

@@ -37,6 +37,7 @@ mod activity;
 mod enforcer;
 mod inline;
 mod meters;
+mod reservation;
 mod slots;
 mod store_errors;
 mod top_keys;
@@ -44,8 +45,9 @@ mod verdict;
 mod verified;
 
 pub use activity::{Activity, LATENCY_BUCKETS, RuleActivity, StoreActivity};
-pub use enforcer::{Enforcer, quota_window};
+pub use enforcer::{Enforcer, NotReady, quota_window};
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
+pub use reservation::{Reservation, Reserved};
 pub use slots::{Held, HeldLeases};
 pub use top_keys::{MAX_KEY_BYTES, MINUTES, TopKey, TopKeys};
 pub use verdict::{NamedDecision, Refusal, RuleDecision, ShadowDecision, Verdict};

@@ -12,6 +12,7 @@ use quanta::Instant;
 use sluice_policy::Enforcement;
 
 use crate::activity::{Activity, LATENCY_BUCKETS, RuleActivity, StoreActivity, latency_bucket};
+use crate::reservation::HeldMeter;
 use crate::store_errors::StoreErrorLog;
 use crate::top_keys::TopKeys;
 
@@ -65,6 +66,8 @@ pub(crate) struct Meters {
     /// The most denied keys, once kept (see
     /// [`Enforcer::keep_top_keys`](crate::Enforcer::keep_top_keys)).
     pub(crate) top_keys: OnceLock<TopKeys>,
+    /// The requests held until their reservations are due.
+    pub(crate) held: Arc<HeldMeter>,
 }
 
 impl Default for Meters {
@@ -75,6 +78,7 @@ impl Default for Meters {
             latency: Box::new([const { AtomicU64::new(0) }; LATENCY_BUCKETS]),
             errors: Arc::default(),
             top_keys: OnceLock::new(),
+            held: Arc::default(),
         }
     }
 }
@@ -166,6 +170,7 @@ impl Meters {
                 latency,
                 errors: self.errors.failures(),
             },
+            held: self.held.now(),
         }
     }
 }

@@ -1,7 +1,10 @@
 //! What the engine says about one request: the verdict and its parts.
 
+use std::time::Duration;
+
 use sluice_core::{Decision, OnStoreError};
 
+use crate::reservation::Reserved;
 use crate::slots::Held;
 
 /// A named limit's answer to one call.
@@ -121,6 +124,18 @@ pub struct Verdict {
     /// when one of them, failing closed, denied it. `None` when the store
     /// decided, or no store call was made.
     pub without_store: Option<OnStoreError>,
+    /// How long to hold the admitted request before it goes on: its rules
+    /// all delay (`on_limit: {delay}`), and it reserved tokens that are due
+    /// this long from now. `None` for a request that may go on at once.
+    /// Only [`Enforcer::enforce_shaped`](crate::Enforcer::enforce_shaped)
+    /// and [`Enforcer::decide_shaped`](crate::Enforcer::decide_shaped) set
+    /// it.
+    pub delay: Option<Duration>,
+    /// What the held request reserved: take it into a
+    /// [`Reservation`](crate::Reservation) with
+    /// [`Enforcer::reservation`](crate::Enforcer::reservation), which gives
+    /// it back if the request is abandoned before it is due.
+    pub reserved: Vec<Reserved>,
 }
 
 impl Default for Verdict {
@@ -135,6 +150,8 @@ impl Default for Verdict {
             shadow: Vec::new(),
             leases: Vec::new(),
             without_store: None,
+            delay: None,
+            reserved: Vec::new(),
         }
     }
 }

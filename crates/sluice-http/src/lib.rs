@@ -56,7 +56,9 @@ pub use headers::{
     X_RATELIMIT_REMAINING, degraded, denial, each_rate_limit_header, grpc_denial,
     rate_limit_headers, retry_after_secs, set_rate_limit_headers,
 };
-pub use limit::{Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture};
+pub use limit::{
+    DEFAULT_MAX_HELD, Holding, Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture,
+};
 pub use request::{HttpRequest, PeerAddr};
 /// The engine's types, here too since the layer cannot be built without
 /// an [`Enforcer`].

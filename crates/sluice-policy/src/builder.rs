@@ -332,6 +332,35 @@ impl RuleBuilder {
         self
     }
 
+    /// Lets a reservation take a key up to `max_reserved` tokens below
+    /// zero (`algorithm_config.max_reserved`): how many requests a key may
+    /// have held at once under [`RuleBuilder::delay`].
+    #[must_use]
+    pub fn max_reserved(mut self, max_reserved: f64) -> Self {
+        self.config
+            .insert("max_reserved".into(), Value::from(max_reserved));
+        self
+    }
+
+    /// Holds a request over the limit for up to `max` rather than refusing
+    /// it (`on_limit: {delay: {max}}`; see [`Rule::delay`]).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use sluice_policy::{Policy, Rule};
+    /// let rule = Rule::builder("shaped").token_bucket(10.0, 1.0).max_reserved(5.0).delay(Duration::from_millis(500));
+    /// let p = Policy::builder().rule(rule).build().unwrap();
+    /// assert_eq!(p.rules()[0].delay(), Some(Duration::from_millis(500)));
+    /// ```
+    #[must_use]
+    pub fn delay(mut self, max: Duration) -> Self {
+        self.doc.insert(
+            "on_limit".into(),
+            json!({"delay": {"max": max.as_secs_f64()}}),
+        );
+        self
+    }
+
     /// A windowed algorithm of `limit` per `period`.
     fn per_period(self, name: &str, limit: f64, period: Duration) -> Self {
         self.algorithm(name, [("rate", limit), ("period", period.as_secs_f64())])

@@ -174,6 +174,8 @@ pub struct Rule {
     pub(crate) domain: Option<String>,
     pub(crate) group: Option<String>,
     pub(crate) penalty: Option<Penalty>,
+    /// `on_limit: {delay: {max}}`: the longest the rule holds a request.
+    pub(crate) delay: Option<Duration>,
 }
 
 impl Rule {
@@ -255,6 +257,24 @@ impl Rule {
     /// ```
     pub fn penalty(&self) -> Option<&Penalty> {
         self.penalty.as_ref()
+    }
+
+    /// How long the rule may hold a request over its limit before it
+    /// forwards it (`on_limit: {delay: {max}}`), or `None` when it refuses
+    /// it at once. A front end that can hold a request (the middleware and
+    /// the proxy) reserves for it and forwards it when it is due, if that
+    /// is within this; beyond, and on Envoy, the request is refused.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use sluice_policy::Policy;
+    /// let p = Policy::from_str("rules: [{name: r, limit_keys: [ip:address], algorithm: token_bucket, \
+    ///     algorithm_config: {rps: 10, burst: 1, max_reserved: 20}, on_limit: {delay: {max: 2s}}}]", "p").unwrap();
+    /// assert_eq!(p.rules()[0].delay(), Some(Duration::from_secs(2)));
+    /// assert!(p.warnings().is_empty());
+    /// ```
+    pub fn delay(&self) -> Option<Duration> {
+        self.delay
     }
 
     /// What to do when the store fails: the rule's own setting, else the

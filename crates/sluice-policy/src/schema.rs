@@ -83,6 +83,23 @@ pub(crate) struct RawRule {
     pub(crate) domain: Option<Spanned<String>>,
     pub(crate) group: Option<Spanned<String>>,
     pub(crate) penalty: Option<Spanned<Secs>>,
+    pub(crate) on_limit: Option<Spanned<RawOnLimit>>,
+}
+
+/// `on_limit`: what a rule does with a request over its limit. Without
+/// `delay`, it refuses it, as a rule without `on_limit` does.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawOnLimit {
+    pub(crate) delay: Option<Spanned<RawDelay>>,
+}
+
+/// `on_limit: {delay: {max: 2s}}`: hold a request that a reservation admits
+/// within `max`, and forward it when it is due.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct RawDelay {
+    pub(crate) max: Spanned<Secs>,
 }
 
 #[derive(Debug, Deserialize)]

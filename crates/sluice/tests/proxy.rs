@@ -858,3 +858,64 @@ rules:
         "{admitted} admitted, {denied} denied"
     );
 }
+
+/// One request a second per client, and up to five more held for 10 s.
+#[cfg(unix)]
+const SHAPED: &str = "
+rules:
+  - name: shaped
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rps: 1, burst: 1, max_reserved: 5}
+    on_limit: {delay: {max: 10s}}
+";
+
+/// `--max-held` reaches the layer: with `SLUICE_MAX_HELD=1`, a second
+/// request over the limit is refused while the first is held, where the
+/// default cap would have held it too.
+#[cfg(unix)]
+#[tokio::test]
+async fn the_binary_holds_requests_over_the_limit_up_to_max_held() {
+    let (up, seen) = start_upstream().await;
+    let (_dir, path) = policy_file(SHAPED);
+    let (mut bin, listen, admin) = spawn_proxy(up, &path, &[("SLUICE_MAX_HELD", "1")]).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/r");
+    let metrics = format!("http://{admin}/metrics");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
+
+    let started = Instant::now();
+    let held = tokio::spawn({
+        let (client, url) = (client.clone(), url.clone());
+        async move { client.get(&url).send().await.unwrap().status() }
+    });
+    eventually(PATIENCE, "a request held", async || {
+        let text = get_text(&client, &metrics).await;
+        support::metric(&text, "sluice_held_requests") == Some(1.0)
+    })
+    .await;
+    let over = client.get(&url).send().await.unwrap();
+    assert_eq!(over.status(), 429);
+    assert_eq!(seen.hits(), 1, "the held request is not forwarded yet");
+
+    assert_eq!(held.await.unwrap(), 200);
+    // Due a second after the first, less what the first took to answer.
+    assert!(
+        started.elapsed() >= Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(seen.hits(), 2);
+    let text = get_text(&client, &metrics).await;
+    assert_eq!(
+        support::metric(&text, "sluice_held_over_cap_total"),
+        Some(1.0),
+        "{text}"
+    );
+    assert_eq!(
+        support::metric(&text, "sluice_held_requests"),
+        Some(0.0),
+        "{text}"
+    );
+    bin.terminate(PATIENCE).await;
+}

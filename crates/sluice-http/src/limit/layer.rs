@@ -6,7 +6,7 @@ use sluice_core::MemoryStore;
 use sluice_policy::Policy;
 use tower_layer::Layer;
 
-use super::RateLimit;
+use super::{Holding, RateLimit};
 use sluice_engine::Enforcer;
 
 /// Applies a policy's rules to every request of the wrapped service.
@@ -31,6 +31,7 @@ use sluice_engine::Enforcer;
 /// ```
 pub struct RateLimitLayer<St> {
     enforcer: Arc<Enforcer<St>>,
+    holding: Holding,
 }
 
 impl RateLimitLayer<MemoryStore> {
@@ -58,7 +59,36 @@ impl<St> RateLimitLayer<St> {
     /// A layer deciding with `enforcer`, which may be shared with other
     /// layers, servers and reloaders.
     pub fn new(enforcer: Arc<Enforcer<St>>) -> Self {
-        RateLimitLayer { enforcer }
+        RateLimitLayer {
+            enforcer,
+            holding: Holding::default(),
+        }
+    }
+
+    /// The same layer, holding at most `max` requests at once over every
+    /// service it makes (see [`RateLimit`]); [`DEFAULT_MAX_HELD`] unless
+    /// told otherwise. Past it, requests are decided as if their rules had
+    /// no delay.
+    ///
+    /// [`DEFAULT_MAX_HELD`]: crate::DEFAULT_MAX_HELD
+    ///
+    /// ```
+    /// use sluice_http::RateLimitLayer;
+    /// use sluice_policy::Policy;
+    /// let layer = RateLimitLayer::in_memory(Policy::default()).with_max_held(100);
+    /// assert_eq!(layer.holding().max(), 100);
+    /// ```
+    #[must_use]
+    pub fn with_max_held(self, max: usize) -> Self {
+        RateLimitLayer {
+            holding: Holding::new(max),
+            ..self
+        }
+    }
+
+    /// The cap on held requests, and how many are held now.
+    pub fn holding(&self) -> &Holding {
+        &self.holding
     }
 
     /// The enforcer deciding, to reload its policy or read its store.
@@ -71,6 +101,7 @@ impl<St> Clone for RateLimitLayer<St> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             enforcer: Arc::clone(&self.enforcer),
+            holding: self.holding.clone(),
         }
     }
 }
@@ -79,6 +110,6 @@ impl<S, St> Layer<S> for RateLimitLayer<St> {
     type Service = RateLimit<S, St>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        RateLimit::new(inner, Arc::clone(&self.enforcer))
+        RateLimit::with_holding(inner, Arc::clone(&self.enforcer), self.holding.clone())
     }
 }

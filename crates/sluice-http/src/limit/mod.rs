@@ -10,4 +10,4 @@ mod service;
 pub use body::Leased;
 pub use future::ResponseFuture;
 pub use layer::RateLimitLayer;
-pub use service::{PolicySnapshot, RateLimit};
+pub use service::{DEFAULT_MAX_HELD, Holding, PolicySnapshot, RateLimit};

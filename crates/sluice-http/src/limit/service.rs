@@ -1,6 +1,6 @@
 //! The tower `Service` that decides each request before passing it on.
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
@@ -8,6 +8,7 @@ use http::{Request, Response};
 use http_body_util::{Either, Full};
 use sluice_core::Store;
 use sluice_policy::Policy;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tower_service::Service;
 
 use super::{Leased, ResponseFuture};
@@ -46,15 +47,98 @@ pub struct PolicySnapshot(pub Arc<Policy>);
 /// A rule with `algorithm: concurrency` holds its slot from the moment the
 /// request is admitted until its response body has been sent in full (see
 /// [`Leased`]), fails, or is dropped with a client that went away.
+///
+/// A request whose enforced rules all delay (`on_limit: {delay}`) and that
+/// a reservation admits is held here until it is due (see
+/// [`Enforcer::enforce_shaped`]), then passed on with the rate-limit headers
+/// of its decision, as an admitted request's; one whose wait would be
+/// longer than a rule's `max` gets the 429 as without the delay. A client
+/// that goes away while its request is held gives its reservation back. At
+/// most [`Holding::max`] requests are held at once over all the services
+/// of one layer; while that many are, the next is decided as if its rules
+/// had no delay, refused over the limit.
 pub struct RateLimit<S, St> {
     inner: S,
     enforcer: Arc<Enforcer<St>>,
+    holding: Holding,
+}
+
+/// How many requests may be held at once by default: each held request is
+/// a task, a connection and a buffered request head, a few kilobytes, so
+/// ten thousand are some tens of megabytes at most.
+pub const DEFAULT_MAX_HELD: usize = 10_000;
+
+/// The cap on requests held at once, shared by every service of a layer.
+///
+/// ```
+/// use sluice_http::{DEFAULT_MAX_HELD, Holding};
+/// assert_eq!(Holding::default().max(), DEFAULT_MAX_HELD);
+/// let none = Holding::new(0);
+/// assert_eq!((none.max(), none.held()), (0, 0));
+/// ```
+#[derive(Debug, Clone)]
+pub struct Holding {
+    permits: Arc<Semaphore>,
+    max: usize,
+}
+
+impl Holding {
+    /// A cap of `max` held requests (0 holds none: every rule refuses).
+    /// At most [`Semaphore::MAX_PERMITS`].
+    pub fn new(max: usize) -> Holding {
+        let max = max.min(Semaphore::MAX_PERMITS);
+        Holding {
+            permits: Arc::new(Semaphore::new(max)),
+            max,
+        }
+    }
+
+    /// The most requests held at once.
+    pub fn max(&self) -> usize {
+        self.max
+    }
+
+    /// How many are held now (or being decided with room to be held).
+    pub fn held(&self) -> usize {
+        self.max - self.permits.available_permits()
+    }
+
+    /// Room for one more, or `None` when the cap is reached (counted in
+    /// `sluice_held_over_cap_total`).
+    fn room(&self) -> Option<OwnedSemaphorePermit> {
+        static OVER_CAP: OnceLock<metrics::Counter> = OnceLock::new();
+        let room = Arc::clone(&self.permits).try_acquire_owned().ok();
+        if room.is_none() {
+            OVER_CAP
+                .get_or_init(|| metrics::counter!("sluice_held_over_cap_total"))
+                .increment(1);
+        }
+        room
+    }
+}
+
+impl Default for Holding {
+    /// [`DEFAULT_MAX_HELD`].
+    fn default() -> Self {
+        Holding::new(DEFAULT_MAX_HELD)
+    }
 }
 
 impl<S, St> RateLimit<S, St> {
-    /// Wraps `inner`; [`super::RateLimitLayer`] is the usual way in.
+    /// Wraps `inner`, holding at most [`DEFAULT_MAX_HELD`] requests of its
+    /// own; [`super::RateLimitLayer`] is the usual way in.
     pub fn new(inner: S, enforcer: Arc<Enforcer<St>>) -> Self {
-        RateLimit { inner, enforcer }
+        RateLimit::with_holding(inner, enforcer, Holding::default())
+    }
+
+    /// Wraps `inner`, holding requests within `holding`'s cap, which may be
+    /// shared with other services.
+    pub fn with_holding(inner: S, enforcer: Arc<Enforcer<St>>, holding: Holding) -> Self {
+        RateLimit {
+            inner,
+            enforcer,
+            holding,
+        }
     }
 }
 
@@ -63,6 +147,7 @@ impl<S: Clone, St> Clone for RateLimit<S, St> {
         RateLimit {
             inner: self.inner.clone(),
             enforcer: Arc::clone(&self.enforcer),
+            holding: self.holding.clone(),
         }
     }
 }
@@ -88,12 +173,29 @@ where
         let clone = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, clone);
         let enforcer = Arc::clone(&self.enforcer);
+        let holding = self.holding.clone();
         Box::pin(async move {
             let policy = enforcer.policy();
+            // Room to hold the request is taken before deciding, so that a
+            // request is never admitted to wait with nowhere to wait.
+            let room = if policy.rules().iter().any(|r| r.delay().is_some()) {
+                holding.room()
+            } else {
+                None
+            };
             let mut verdict = {
                 let view = HttpRequest::new(&req, peer(&req), &policy);
-                enforcer.enforce(&policy, &view).await
+                match room {
+                    Some(_) => enforcer.enforce_shaped(&policy, &view).await,
+                    None => enforcer.enforce(&policy, &view).await,
+                }
             };
+            if verdict.delay.is_some() {
+                // Dropped with this future (a client that went away), it
+                // gives the reservation back.
+                enforcer.reservation(&mut verdict).until_due().await;
+            }
+            drop(room);
             // The request's slots on concurrency limits, given back when the
             // response body ends, or when this future or the body is
             // dropped (a client that went away, a failed inner service).

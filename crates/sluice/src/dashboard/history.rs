@@ -95,6 +95,7 @@ mod tests {
                 denied,
             }],
             store: StoreActivity::default(),
+            held: 0,
         }
     }
 

@@ -29,6 +29,10 @@
 //!   The request that opens a tunnel is what the rules count; a tunnel stays
 //!   open until either side closes it or the proxy stops.
 //!
+//! A request whose rules all delay (`on_limit: {delay}`) and that is over
+//! its limit is held until its reservation is due, then forwarded; at most
+//! `--max-held` at once (see [`sluice_http::RateLimit`]).
+//!
 //! When the upstream refuses connections or breaks off, the client gets a
 //! 502; when it takes longer than the timeout to start its response, a
 //! 504; when the client stops sending a request body for longer than the
@@ -96,6 +100,12 @@ pub struct ProxyArgs {
     /// whoever reaches the admin listener.
     #[arg(long, env = "SLUICE_ADMIN_TOKEN", hide_env_values = true)]
     pub(crate) admin_token: Option<String>,
+    /// The most requests held at once, over all clients and keys, by rules
+    /// that delay (`on_limit: {delay}`); while that many are held, a
+    /// request over its limit is refused as without the delay. Each held
+    /// request keeps its connection and a task.
+    #[arg(long, default_value_t = sluice_http::DEFAULT_MAX_HELD, env = "SLUICE_MAX_HELD")]
+    pub(crate) max_held: usize,
     #[command(flatten)]
     pub(crate) limits: Limits,
     #[command(flatten)]
@@ -157,8 +167,8 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             None => None,
         };
         tracing::info!(addr = %listener.local_addr()?, %upstream, "proxying");
-        let enforcer = Arc::clone(&status.enforcer);
-        let server = tokio::spawn(proxy(listener, enforcer, upstream, stop.stopped()));
+        let limit = RateLimitLayer::new(Arc::clone(&status.enforcer)).with_max_held(args.max_held);
+        let server = tokio::spawn(proxy_with(listener, limit, upstream, stop.stopped()));
 
         stop.stopped().await;
         // Requests in flight may finish until the shutdown timeout; a second
@@ -220,8 +230,18 @@ pub async fn proxy<S: Store + 'static>(
     upstream: Upstream,
     stop: impl Future<Output = ()> + Send + 'static,
 ) {
-    let forward = forward::Forward::new(upstream, Arc::clone(&enforcer));
-    let limit = RateLimitLayer::new(enforcer);
+    proxy_with(listener, RateLimitLayer::new(enforcer), upstream, stop).await;
+}
+
+/// [`proxy`], deciding with `limit`: its enforcer, and its cap on held
+/// requests ([`RateLimitLayer::with_max_held`]).
+pub async fn proxy_with<S: Store + 'static>(
+    listener: Listener,
+    limit: RateLimitLayer<S>,
+    upstream: Upstream,
+    stop: impl Future<Output = ()> + Send + 'static,
+) {
+    let forward = forward::Forward::new(upstream, Arc::clone(limit.enforcer()));
     let per_connection = move |peer: SocketAddr| {
         // Requests on one client connection reuse one upstream connection.
         let service = limit.layer(forward.for_connection());

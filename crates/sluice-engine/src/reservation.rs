@@ -1,0 +1,195 @@
+//! Shaping: the tokens a held request has reserved, and [`Reservation`],
+//! which gives them back when the request is abandoned before it is due.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram};
+use sluice_core::{Limit, OnStoreError, Settle, Store};
+use tokio::time::Instant;
+
+use crate::store_errors::{StoreErrorLog, store_failed};
+
+/// The tokens one limit's part of a held request reserved: what to give
+/// back if the request never goes on.
+#[derive(Debug, Clone)]
+pub struct Reserved {
+    /// The limit (a rule's, or a named one).
+    pub limit: Limit,
+    /// The key under that limit.
+    pub key: String,
+    /// The tokens reserved.
+    pub cost: f64,
+}
+
+impl PartialEq for Reserved {
+    fn eq(&self, other: &Self) -> bool {
+        self.limit.name() == other.limit.name() && self.key == other.key && self.cost == other.cost
+    }
+}
+
+/// Gives reservations back in the background, whatever the store's type.
+pub(crate) type Refunder = Arc<dyn Fn(Vec<Reserved>) + Send + Sync>;
+
+/// The [`Refunder`] of `store`: a task on the Tokio runtime the
+/// reservation is dropped on that refunds each part (on none, the tokens
+/// stay spent). A failed refund is counted and logged in `errors`.
+pub(crate) fn refunder<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreErrorLog>) -> Refunder {
+    Arc::new(move |parts: Vec<Reserved>| {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let (store, errors) = (Arc::clone(&store), Arc::clone(&errors));
+        runtime.spawn(async move {
+            for part in &parts {
+                let refund = Settle::Refund(part.cost);
+                if let Err(e) = store.settle(&part.limit, &part.key, refund).await {
+                    store_failed(&errors, &e, [(part.limit.name(), OnStoreError::Open)]);
+                }
+            }
+        });
+    })
+}
+
+/// The held requests of one enforcer: how many are held now, how long
+/// they were told to wait, and how many were abandoned.
+#[derive(Default)]
+pub(crate) struct HeldMeter {
+    now: AtomicU64,
+    gauge: OnceLock<Gauge>,
+    waits: OnceLock<Histogram>,
+    abandoned: OnceLock<Counter>,
+}
+
+impl HeldMeter {
+    /// Requests held now.
+    pub(crate) fn now(&self) -> u64 {
+        self.now.load(Ordering::Relaxed)
+    }
+
+    fn gauge(&self) -> &Gauge {
+        self.gauge
+            .get_or_init(|| metrics::gauge!("sluice_held_requests"))
+    }
+
+    fn hold(&self, wait: Duration) {
+        self.now.fetch_add(1, Ordering::Relaxed);
+        self.gauge().increment(1.0);
+        self.waits
+            .get_or_init(|| metrics::histogram!("sluice_held_wait_seconds"))
+            .record(wait.as_secs_f64());
+    }
+
+    fn let_go(&self, abandoned: bool) {
+        self.now.fetch_sub(1, Ordering::Relaxed);
+        self.gauge().decrement(1.0);
+        if abandoned {
+            self.abandoned
+                .get_or_init(|| metrics::counter!("sluice_held_abandoned_total"))
+                .increment(1);
+        }
+    }
+}
+
+/// A request or call held until its reservation is due. Dropping it before
+/// it is [kept](Reservation::keep) gives the reserved tokens back (a
+/// refund, a store call of its own made on the Tokio runtime the drop
+/// happens on): a client that went away while held leaves the key as if
+/// it had never asked. While one exists it counts in
+/// `sluice_held_requests` and in [`Activity::held`](crate::Activity::held).
+///
+/// ```
+/// use std::time::Duration;
+/// use sluice_core::MemoryStore;
+/// use sluice_engine::Enforcer;
+/// use sluice_policy::{Policy, RequestParts};
+/// let policy = Policy::from_str("rules: [{name: r, limit_keys: [ip:address], algorithm: token_bucket, \
+///     algorithm_config: {rps: 10, burst: 1, max_reserved: 5}, on_limit: {delay: {max: 1s}}}]", "p").unwrap();
+/// let e = Enforcer::new(policy, MemoryStore::new());
+/// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+/// let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+/// let policy = e.policy();
+/// assert_eq!(rt.block_on(e.enforce_shaped(&policy, &req)).delay, None);
+/// let mut second = rt.block_on(e.enforce_shaped(&policy, &req));
+/// assert!(second.allowed && second.delay.is_some_and(|d| d <= Duration::from_millis(100)));
+/// let held = e.reservation(&mut second);
+/// assert_eq!(e.activity().held, 1);
+/// rt.block_on(held.until_due());
+/// assert_eq!(e.activity().held, 0);
+/// ```
+#[must_use = "the reservation is given back as soon as this is dropped"]
+pub struct Reservation {
+    parts: Vec<Reserved>,
+    due: Instant,
+    by: Option<(Refunder, Arc<HeldMeter>)>,
+}
+
+impl Reservation {
+    /// Holds nothing, and is due now.
+    pub fn none() -> Reservation {
+        Reservation {
+            parts: Vec::new(),
+            due: Instant::now(),
+            by: None,
+        }
+    }
+
+    /// Holds `parts` until `wait` from now, refunded by `by` when dropped.
+    pub(crate) fn new(
+        parts: Vec<Reserved>,
+        wait: Duration,
+        by: &Refunder,
+        meter: &Arc<HeldMeter>,
+    ) -> Reservation {
+        meter.hold(wait);
+        Reservation {
+            parts,
+            due: Instant::now() + wait,
+            by: Some((Arc::clone(by), Arc::clone(meter))),
+        }
+    }
+
+    /// When the request may go on.
+    pub fn due(&self) -> Instant {
+        self.due
+    }
+
+    /// The tokens held.
+    pub fn parts(&self) -> &[Reserved] {
+        &self.parts
+    }
+
+    /// Waits until the reservation is due, then keeps it: the tokens are
+    /// spent, and the request may go on. Dropping this future before then
+    /// gives them back.
+    pub async fn until_due(self) {
+        tokio::time::sleep_until(self.due).await;
+        self.keep();
+    }
+
+    /// Keeps the reserved tokens spent: the request went on.
+    pub fn keep(mut self) {
+        if let Some((_, meter)) = self.by.take() {
+            meter.let_go(false);
+        }
+    }
+}
+
+impl std::fmt::Debug for Reservation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reservation")
+            .field("parts", &self.parts)
+            .field("due", &self.due)
+            .finish()
+    }
+}
+
+impl Drop for Reservation {
+    fn drop(&mut self) {
+        if let Some((by, meter)) = self.by.take() {
+            meter.let_go(true);
+            by(std::mem::take(&mut self.parts));
+        }
+    }
+}
