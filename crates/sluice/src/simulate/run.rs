@@ -5,9 +5,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use serde::Serialize;
-use sluice_core::{FakeClock, MemoryStore, Settle};
+use sluice_core::{FakeClock, MemoryStore};
+use sluice_policy::RequestParts;
 
-use super::scenario::Scenario;
+use super::scenario::{KEY_HEADER, Scenario};
 use crate::replay::{Call, Hold, Replayer};
 
 /// The algorithms compared, as a policy file names them.
@@ -107,8 +108,17 @@ pub(crate) async fn run(
     while let Some(Reverse((t_ns, _, k, attempt))) = queue.pop() {
         let t = t_ns as f64 / 1e9;
         replayer.set_time(t).await?;
-        let (at, this) = (number(t), call(keys[k], false, None));
-        let line = replayer.call(&at, &this).await?;
+        let call = Call {
+            limit: "sim".to_owned(),
+            key: keys[k].to_owned(),
+            count: 1.0,
+            reserve: false,
+            settle: None,
+            hold: Hold::Expiry,
+            inline: None,
+        };
+        let t_json = serde_json::Number::from_f64(t).unwrap_or_else(|| 0.into());
+        let line = replayer.call(&t_json, &call).await?;
         let seen = CallRecord {
             t,
             key: k,
@@ -158,37 +168,18 @@ pub(crate) async fn run(
     Ok(Run { totals, calls })
 }
 
-/// One call of the limit `sim` on `key`, reserving when `reserve`, or the
-/// settlement `settle` instead.
-fn call(key: &str, reserve: bool, settle: Option<Settle>) -> Call {
-    Call {
-        limit: "sim".to_owned(),
-        key: key.to_owned(),
-        count: 1.0,
-        reserve,
-        settle,
-        hold: Hold::Expiry,
-        inline: None,
-    }
-}
-
-/// `t` as the time of a replayed event.
-fn number(t: f64) -> serde_json::Number {
-    serde_json::Number::from_f64(t).unwrap_or_else(|| 0.into())
-}
-
-/// Runs the scenario's calls through its shaping token bucket, delaying
-/// when `delay` and refusing otherwise. A delayed call reserves, as a rule
-/// with `on_limit: {delay}` does: admitted with a wait of at most the
-/// shaping's `max`, it reaches the upstream when the wait is over; a
-/// reservation that would wait longer is given back and the call refused.
+/// Runs the scenario's calls through its shaping rule as requests, held
+/// when `delay` as a front end that can hold them holds them
+/// ([`Enforcer::enforce_shaped`](sluice_engine::Enforcer::enforce_shaped):
+/// a request over the limit reserves, and one whose wait is within the
+/// rule's `max` reaches the upstream when the wait is over), refused over
+/// the limit otherwise.
 pub(crate) async fn shaped(s: &Scenario, delay: bool) -> anyhow::Result<Run> {
     let shaping = s
         .shaping
         .as_ref()
         .ok_or_else(|| anyhow::anyhow!("the scenario {:?} does not shape", s.name))?;
-    let mut replayer: Replayer<MemoryStore<FakeClock>> =
-        Replayer::new(s.policy("token_bucket")?, 0);
+    let mut replayer: Replayer<MemoryStore<FakeClock>> = Replayer::new(shaping.policy(s)?, 0);
     let arrivals = s.arrivals();
     let mut keys: Vec<&str> = Vec::new();
     let mut calls = Vec::with_capacity(arrivals.len());
@@ -198,28 +189,20 @@ pub(crate) async fn shaped(s: &Scenario, delay: bool) -> anyhow::Result<Run> {
             keys.len() - 1
         });
         replayer.set_time(t).await?;
-        let (at, this) = (number(t), call(key, delay, None));
-        let line = replayer.call(&at, &this).await?;
-        let (mut allowed, retry_after, remaining) =
-            (line.allowed, line.retry_after, line.remaining);
-        let wait = if allowed {
-            retry_after.unwrap_or(0.0)
+        let req = RequestParts::new("GET", "/").with_header(KEY_HEADER, key);
+        let verdict = if delay {
+            replayer.request_shaped(&req).await
         } else {
-            0.0
+            replayer.request(&req, 0.0).await
         };
-        if wait > shaping.max {
-            let refund = call(key, false, Some(Settle::Refund(1.0)));
-            replayer.call(&at, &refund).await?;
-            allowed = false;
-        }
         calls.push(CallRecord {
             t,
             key: k,
-            allowed,
-            retry_after,
-            remaining,
+            allowed: verdict.allowed,
+            retry_after: verdict.retry_after,
+            remaining: None,
             attempt: 0,
-            delay: if allowed { wait } else { 0.0 },
+            delay: verdict.delay.map_or(0.0, |d| d.as_secs_f64()),
         });
     }
     let admitted = calls.iter().filter(|c| c.allowed).count() as u64;

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use sluice_policy::Policy;
 
 /// The built-in scenarios, by name, with what each shows.
 pub(crate) const BUILT_IN: [(&str, &str); 5] = [
@@ -90,7 +91,24 @@ impl Shaping {
         }
         Ok(())
     }
+
+    /// The policy of a shaped scenario: one rule, `sim`, a token bucket
+    /// at the scenario's rate keyed by the header `x-client`, which delays
+    /// as `on_limit: {delay: {max}}` says where the caller can hold a
+    /// request, and refuses where it cannot.
+    pub(crate) fn policy(&self, s: &Scenario) -> anyhow::Result<Policy> {
+        let text = format!(
+            "rules:\n  - name: sim\n    limit_keys: [\"header:{KEY_HEADER}\"]\n    \
+             algorithm: token_bucket\n    algorithm_config: {{rate: {}, period: {}, \
+             burst: {}, max_reserved: {}}}\n    on_limit: {{delay: {{max: {}}}}}\n",
+            s.rate, s.period, self.burst, self.max_reserved, self.max
+        );
+        Ok(Policy::from_str(&text, "simulation")?)
+    }
 }
+
+/// The header that carries a shaped scenario's key.
+pub(crate) const KEY_HEADER: &str = "x-client";
 
 /// A simulation: the limit every algorithm is given (`rate` per `period`
 /// seconds), the calls, and whether a denied call is tried again.
@@ -237,23 +255,19 @@ impl Scenario {
     }
 
     /// The policy of the limit `sim`: `algorithm` at the scenario's rate,
-    /// with the shaping's burst and `max_reserved` when it has one.
-    pub(crate) fn policy(&self, algorithm: &str) -> anyhow::Result<sluice_policy::Policy> {
+    /// its windows, if it has any, opening at 0.
+    pub(crate) fn policy(&self, algorithm: &str) -> anyhow::Result<Policy> {
         let (rate, period) = (self.rate, self.period);
-        // Windows open at 0, so that a scenario's times say where they fall.
         let start = if matches!(algorithm, "fixed_window" | "sliding_window") {
             ", start: 0"
         } else {
             ""
         };
-        let shaped = self.shaping.as_ref().map_or(String::new(), |s| {
-            format!(", burst: {}, max_reserved: {}", s.burst, s.max_reserved)
-        });
         let text = format!(
             "limits:\n  sim:\n    algorithm: {algorithm}\n    \
-             algorithm_config: {{rate: {rate}, period: {period}{start}{shaped}}}\n"
+             algorithm_config: {{rate: {rate}, period: {period}{start}}}\n"
         );
-        Ok(sluice_policy::Policy::from_str(&text, "simulation")?)
+        Ok(Policy::from_str(&text, "simulation")?)
     }
 
     /// Every first call, as (time, key), in time order.
