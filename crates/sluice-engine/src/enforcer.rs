@@ -490,8 +490,7 @@ impl<S: Store + 'static> Enforcer<S> {
             cost,
         };
         if wait > max {
-            self.refund(&[part], named.name(), named.on_store_error())
-                .await;
+            self.refund(&[part], named.on_store_error()).await;
             return Err(NotReady::Wait(wait));
         }
         let extra = jitter.map_or(Duration::ZERO, |j| {
@@ -505,14 +504,15 @@ impl<S: Store + 'static> Enforcer<S> {
         Ok(d)
     }
 
-    /// Gives back what `parts` reserved, now, on behalf of `name`.
-    async fn refund(&self, parts: &[Reserved], name: &str, on_error: OnStoreError) {
+    /// Gives back what `parts` reserved, now, each counted under its
+    /// limit's name.
+    async fn refund(&self, parts: &[Reserved], on_error: OnStoreError) {
         for part in parts {
             // A failure is counted; the tokens then stay spent.
             let _ = self
                 .settle(
                     &part.limit,
-                    name,
+                    part.limit.name(),
                     on_error,
                     &part.key,
                     Settle::Refund(part.cost),
@@ -774,8 +774,11 @@ impl<S: Store + 'static> Enforcer<S> {
 
     /// [`Enforcer::decide`], for a caller that can hold a request, as
     /// [`Enforcer::enforce_shaped`] is for [`Enforcer::enforce`].
-    pub async fn decide_shaped(&self, hits: &[RuleHit<'_>]) -> Verdict {
-        self.decide_in(hits, true).await
+    pub fn decide_shaped<'a>(
+        &'a self,
+        hits: &'a [RuleHit<'a>],
+    ) -> impl Future<Output = Verdict> + Send + 'a {
+        self.decide_in(hits, true)
     }
 
     /// Applies the rules that `hits` found: all enforced ones as one
@@ -793,13 +796,37 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
     /// assert_eq!(rt.block_on(e.decide(&hits)).rules.len(), 1);
     /// ```
-    pub async fn decide(&self, hits: &[RuleHit<'_>]) -> Verdict {
-        self.decide_in(hits, false).await
+    // Not an `async fn`: one that only awaits another holds that one's
+    // future and more, and a decision's future is moved into a box with
+    // each request.
+    pub fn decide<'a>(
+        &'a self,
+        hits: &'a [RuleHit<'a>],
+    ) -> impl Future<Output = Verdict> + Send + 'a {
+        self.decide_in(hits, false)
     }
 
     /// [`Enforcer::decide`], reserving for rules that delay when `shaped`
     /// (see [`Enforcer::enforce_shaped`]).
     async fn decide_in(&self, hits: &[RuleHit<'_>], shaped: bool) -> Verdict {
+        let (verdict, give_back) = self.decide_hits(hits, shaped).await;
+        if let Some((parts, on_error)) = give_back {
+            // Boxed, as `gated` is: only a request refused for waiting too
+            // long gets here.
+            Box::pin(self.refund(&parts, on_error)).await;
+        }
+        verdict
+    }
+
+    /// [`Enforcer::decide_in`] but for giving back the reservation of a
+    /// request refused for waiting too long, which it returns: awaited here,
+    /// with all that a decision holds still alive, a refund would enlarge
+    /// every decision's future by a third.
+    async fn decide_hits(
+        &self,
+        hits: &[RuleHit<'_>],
+        shaped: bool,
+    ) -> (Verdict, Option<(Vec<Reserved>, OnStoreError)>) {
         let mut verdict = Verdict::default();
         // Requests meet a rule or two: these lists stay off the heap.
         let (enforce, shadow): (Hits<'_, '_>, Hits<'_, '_>) = hits
@@ -821,10 +848,10 @@ impl<S: Store + 'static> Enforcer<S> {
             verdict.allowed = false;
             verdict.refusal = Some((hit.rule.name().to_owned(), Refusal::MissingKey));
             self.count(hit, false);
-            return verdict;
+            return (verdict, None);
         }
         if enforce.is_empty() {
-            return verdict;
+            return (verdict, None);
         }
         let ops: SmallVec<[Op<'_>; 2]> = enforce
             .iter()
@@ -853,7 +880,7 @@ impl<S: Store + 'static> Enforcer<S> {
                 let rule = at.map_or(rules[0], |i| rules[i]);
                 verdict.allowed = false;
                 verdict.refusal = Some((rule.name().to_owned(), Refusal::Cost(e.to_string())));
-                return verdict;
+                return (verdict, None);
             }
             Err(e) => {
                 // One failed transaction fails every rule in it; a single
@@ -873,12 +900,12 @@ impl<S: Store + 'static> Enforcer<S> {
                 how.outcome(&ops)
             }
         };
-        let outcome = if mode.reserve && outcome.allowed && verdict.without_store.is_none() {
-            self.hold_or_refuse(outcome, &ops, &rules, &mut verdict)
-                .await
-        } else {
-            outcome
-        };
+        let (outcome, give_back) =
+            if mode.reserve && outcome.allowed && verdict.without_store.is_none() {
+                hold_or_refuse(outcome, &ops, &rules, &mut verdict)
+            } else {
+                (outcome, Vec::new())
+            };
         verdict.rules.reserve_exact(enforce.len());
         for (hit, d) in enforce.iter().zip(&outcome.decisions) {
             self.count(hit, d.allowed);
@@ -897,50 +924,11 @@ impl<S: Store + 'static> Enforcer<S> {
         verdict.allowed = outcome.allowed;
         verdict.deciding = outcome.deciding();
         verdict.retry_after = outcome.retry_after();
-        verdict
-    }
-
-    /// A reservation's outcome for the rules that delay: held for the
-    /// longest wait among them when each rule's wait is within its `max`
-    /// (what to give back goes into `verdict`), else given back at once and
-    /// refused by the rules whose wait is too long, as a consuming
-    /// transaction would have been.
-    async fn hold_or_refuse(
-        &self,
-        mut outcome: Outcome,
-        ops: &[Op<'_>],
-        rules: &[&Rule],
-        verdict: &mut Verdict,
-    ) -> Outcome {
-        let Some(wait) = outcome.retry_after().filter(|w| *w > 0.0) else {
-            return outcome;
-        };
-        let parts: Vec<Reserved> = ops
-            .iter()
-            .filter(|op| op.cost > 0.0)
-            .map(|op| Reserved {
-                limit: op.limit.clone(),
-                key: op.key.to_owned(),
-                cost: op.cost,
-            })
-            .collect();
-        let mut too_long = false;
-        for (d, rule) in outcome.decisions.iter_mut().zip(rules) {
-            let max = rule.delay().map_or(0.0, |m| m.as_secs_f64());
-            if d.retry_after.is_some_and(|w| w > max) {
-                d.allowed = false;
-                too_long = true;
-            }
-        }
-        if !too_long {
-            verdict.delay = Some(Duration::from_secs_f64(wait));
-            verdict.reserved = parts;
-            return outcome;
-        }
-        let rule = rules[0];
-        self.refund(&parts, rule.name(), rule.on_store_error())
-            .await;
-        Outcome::from_decisions(outcome.decisions)
+        let on_error = rules[0].on_store_error();
+        (
+            verdict,
+            (!give_back.is_empty()).then_some((give_back, on_error)),
+        )
     }
 
     /// Whether a shadow rule would have admitted its hit, enforced alone: a
@@ -1114,6 +1102,45 @@ impl<'p> Owner<'p> {
             penalty: named.penalty(),
         }
     }
+}
+
+/// A reservation's outcome for the rules that delay: held for the longest
+/// wait among them when each rule's wait is within its `max` (what to give
+/// back if it is abandoned goes into `verdict`), else refused by the rules
+/// whose wait is too long, as a consuming transaction would have been,
+/// with what the reservation took, to give back at once.
+fn hold_or_refuse(
+    mut outcome: Outcome,
+    ops: &[Op<'_>],
+    rules: &[&Rule],
+    verdict: &mut Verdict,
+) -> (Outcome, Vec<Reserved>) {
+    let Some(wait) = outcome.retry_after().filter(|w| *w > 0.0) else {
+        return (outcome, Vec::new());
+    };
+    let parts: Vec<Reserved> = ops
+        .iter()
+        .filter(|op| op.cost > 0.0)
+        .map(|op| Reserved {
+            limit: op.limit.clone(),
+            key: op.key.to_owned(),
+            cost: op.cost,
+        })
+        .collect();
+    let mut too_long = false;
+    for (d, rule) in outcome.decisions.iter_mut().zip(rules) {
+        let max = rule.delay().map_or(0.0, |m| m.as_secs_f64());
+        if d.retry_after.is_some_and(|w| w > max) {
+            d.allowed = false;
+            too_long = true;
+        }
+    }
+    if !too_long {
+        verdict.delay = Some(Duration::from_secs_f64(wait));
+        verdict.reserved = parts;
+        return (outcome, Vec::new());
+    }
+    (Outcome::from_decisions(outcome.decisions), parts)
 }
 
 /// `d` for a key serving a penalty that has `wait` seconds left: denied

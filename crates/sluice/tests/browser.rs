@@ -1,5 +1,6 @@
 //! The pages Sluice draws, opened in a real headless Chromium: the report of
-//! `sluice simulate` and the live dashboard of `sluice serve` under load.
+//! `sluice simulate`, the live dashboard of `sluice serve` under load, and
+//! the requests `sluice proxy` holds.
 //! Each test saves a screenshot in `target/test-artefacts/` (or in
 //! `$SLUICE_ARTEFACTS`).
 //!
@@ -16,8 +17,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use serde_json::Value;
+use support::proxy::spawn_proxy;
 use support::serve::spawn_serve;
-use support::{PATIENCE, eventually, get_json};
+use support::upstream::start_upstream;
+use support::{PATIENCE, eventually, get_json, get_text, metric, policy_file};
 
 /// The width and height of every window, and so of every screenshot.
 const WINDOW: (u32, u32) = (1400, 1000);
@@ -295,4 +298,65 @@ async fn the_dashboard_shows_its_counters_rising_while_load_runs() {
     running.store(false, Ordering::Relaxed);
     load.await.unwrap();
     assert!(sent.load(Ordering::Relaxed) >= after - before);
+}
+
+/// One request a minute per client; up to five more held, for up to an hour.
+const SLOW_SHAPED: &str = "
+rules:
+  - name: shaped
+    limit_keys: [ip:address]
+    algorithm: token_bucket
+    algorithm_config: {rate: 1, period: 1m, burst: 1, max_reserved: 5}
+    on_limit: {delay: {max: 1h}}
+";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_proxy_dashboard_shows_the_requests_held_and_lets_go_of_abandoned_ones() {
+    let (up, seen) = start_upstream().await;
+    let (_dir, path) = policy_file(SLOW_SHAPED);
+    let (mut bin, listen, admin) = spawn_proxy(up, &path, &[]).await;
+    let client = reqwest::Client::new();
+    let url = format!("http://{listen}/r");
+    assert_eq!(client.get(&url).send().await.unwrap().status(), 200);
+    // Three more, each on a connection of its own, held for minutes.
+    let held: Vec<_> = (0..3)
+        .map(|_| {
+            let url = url.clone();
+            tokio::spawn(async move { reqwest::Client::new().get(&url).send().await })
+        })
+        .collect();
+    let metrics = format!("http://{admin}/metrics");
+    let scrape = async |series: &str| metric(&get_text(&client, &metrics).await, series);
+    eventually(PATIENCE, "three requests held", async || {
+        scrape("sluice_held_requests").await == Some(3.0)
+    })
+    .await;
+
+    let profile = tempfile::tempdir().unwrap();
+    let ui = format!("http://{admin}/ui");
+    let dom = tokio::task::block_in_place(|| {
+        headless(
+            profile.path(),
+            &["--virtual-time-budget=1500", "--dump-dom"],
+            &ui,
+        )
+    });
+    assert_eq!(
+        attribute(&dom, "held-now", "data-value").as_deref(),
+        Some("3"),
+        "{dom}"
+    );
+    tokio::task::block_in_place(|| screenshot(profile.path(), &ui, "dashboard-held.png", 1500));
+
+    // Their clients go away: the proxy lets go of them, reservations given back.
+    for task in held {
+        task.abort();
+    }
+    eventually(PATIENCE, "the abandoned requests let go", async || {
+        scrape("sluice_held_abandoned_total").await == Some(3.0)
+            && scrape("sluice_held_requests").await == Some(0.0)
+    })
+    .await;
+    assert_eq!(seen.hits(), 1, "no held request was forwarded");
+    bin.terminate(PATIENCE).await;
 }

@@ -20,6 +20,8 @@ pub(crate) struct Second {
     pub(crate) decisions: HashMap<(String, Enforcement), (u64, u64)>,
     /// The store calls in it.
     pub(crate) store: StoreActivity,
+    /// The requests held at its end (rules with `on_limit: {delay}`).
+    pub(crate) held: u64,
 }
 
 /// The samples, oldest first, and the reading the next is measured from.
@@ -62,11 +64,13 @@ impl History {
             })
             .collect();
         let store = now.store.since(&last.store);
+        let held = now.held;
         self.last = Some(now);
         self.seconds.push_back(Second {
             at,
             decisions,
             store,
+            held,
         });
         while self.seconds.len() > SECONDS {
             self.seconds.pop_front();

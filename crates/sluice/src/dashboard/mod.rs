@@ -116,6 +116,10 @@ impl Dashboard {
             "p50_seconds": history.seconds.iter().map(|s| s.store.quantile(0.5)).collect::<Vec<_>>(),
             "p99_seconds": history.seconds.iter().map(|s| s.store.quantile(0.99)).collect::<Vec<_>>(),
         });
+        let held = json!({
+            "now": enforcer.activity().held,
+            "each_second": history.seconds.iter().map(|s| s.held).collect::<Vec<_>>(),
+        });
         drop(history);
         let top = enforcer.keep_top_keys().top(TOP);
         let top_keys: Vec<Value> = top
@@ -176,6 +180,7 @@ impl Dashboard {
             "seconds": seconds,
             "decisions": decisions,
             "store": store,
+            "held": held,
             "top_keys": {
                 "minutes": sluice_engine::MINUTES,
                 "keys": top_keys,

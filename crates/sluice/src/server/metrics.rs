@@ -4,7 +4,7 @@
 use std::sync::OnceLock;
 use std::time::Duration;
 
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 
 /// How often the samples that histograms recorded are folded into their
 /// buckets. Until then each sample is held as it came, eight bytes apiece,
@@ -31,6 +31,17 @@ impl Metrics {
                         0.000_01, 0.000_05, 0.000_1, 0.000_5, 0.001, 0.002, 0.005, 0.01, 0.025,
                         0.05, 0.1, 0.25,
                     ])
+                    .ok()?
+                    // A held request waits up to its rule's `max`, at most
+                    // an hour: buckets of its own, or every wait would be
+                    // past the store's last.
+                    .set_buckets_for_metric(
+                        Matcher::Full("sluice_held_wait_seconds".into()),
+                        &[
+                            0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                            300.0, 3600.0,
+                        ],
+                    )
                     .ok()?
                     .build_recorder();
                 let handle = recorder.handle();
