@@ -242,7 +242,7 @@ fn table(at: &[u64], nginx: &Outcome, sluice: &Outcome) -> String {
 /// forwards late through no fault of its own, and nginx against a second
 /// nginx differs by up to 7 ms at times on a 2-CPU machine compiling
 /// beside it. A difference in what is forwarded or refused fails at once.
-const RUNS: usize = 3;
+const RUNS: usize = 5;
 
 /// Runs the schedule through nginx (`binary`) and `sluice proxy`, each in
 /// front of an upstream of its own, and checks that both forward and
