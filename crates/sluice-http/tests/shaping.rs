@@ -177,3 +177,22 @@ async fn a_layer_with_no_room_to_hold_refuses_as_without_delay() {
     );
     assert!(arrivals.lock().unwrap().len() == 1);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_on_one_key_holds_at_most_max_reserved_and_refuses_the_rest_at_once() {
+    let arrivals = Arrivals::default();
+    let layer = layer();
+    let svc = stack(&layer, &arrivals);
+    let flood = burst(&svc, 2_000);
+    // Every request decided; none yet due.
+    tokio::task::yield_now().await;
+    assert_eq!(layer.enforcer().activity().held, 3);
+    assert_eq!(layer.holding().held(), 3);
+    let got = statuses(flood).await;
+    let ok = got.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!((ok, got.len() - ok), (4, 1_996));
+    assert_eq!(
+        *arrivals.lock().unwrap(),
+        [MS(0), MS(100), MS(200), MS(300)]
+    );
+}
