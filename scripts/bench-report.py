@@ -497,13 +497,15 @@ headers, values of the same lengths, spends {h:.2f}× its own CPU a request
     # Sections end with a newline and are joined with another: one blank
     # line between them, never two.
     text = re.sub(r"\n{3,}", "\n\n", "\n".join(doc))
-    # scripts/postgres-bench writes a section of its own between markers:
-    # it is carried over as it stands, at the end.
+    # scripts/postgres-bench and scripts/shaping-flood write sections of
+    # their own between markers: they are carried over as they stand, at
+    # the end.
     old = Path(args.out).read_text() if Path(args.out).exists() else ""
-    begin, end = "<!-- postgres-bench: begin", "<!-- postgres-bench: end -->"
-    if begin in old and end in old:
-        kept = old[old.index(begin):old.index(end) + len(end)]
-        text = text.rstrip() + "\n\n" + kept
+    for script in ("postgres-bench", "shaping-flood"):
+        begin, end = f"<!-- {script}: begin", f"<!-- {script}: end -->"
+        if begin in old and end in old:
+            kept = old[old.index(begin):old.index(end) + len(end)]
+            text = text.rstrip() + "\n\n" + kept
     Path(args.out).write_text(text.rstrip() + "\n")
 
     # --- the README's summary -------------------------------------------

@@ -4,7 +4,7 @@
 
 #![allow(clippy::unwrap_used, clippy::panic)]
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use serde_json::Value;
@@ -24,6 +24,20 @@ fn simulate(args: &[&str]) -> std::process::Output {
         .unwrap()
 }
 
+/// Runs the built-in scenario `name` into `report/` of a fresh directory,
+/// which must succeed; the directory and the report's path.
+fn built_in(name: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("report");
+    let run = simulate(&[name, "--out", out.to_str().unwrap()]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    (dir, out)
+}
+
 fn summary(dir: &Path) -> Value {
     serde_json::from_slice(&std::fs::read(dir.join("summary.json")).unwrap()).unwrap()
 }
@@ -38,14 +52,7 @@ fn totals<'a>(rows: &'a Value, algorithm: &str) -> &'a Value {
 
 #[test]
 fn the_double_window_attack_gets_twice_the_limit_through_a_fixed_window_only() {
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("report");
-    let run = simulate(&["double-window", "--out", out.to_str().unwrap()]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
+    let (_dir, out) = built_in("double-window");
     let s = summary(&out);
     assert_eq!(
         (s["rate"].as_f64(), s["period"].as_f64()),
@@ -144,14 +151,8 @@ fn charts_stay_small_however_many_calls_and_however_long_the_scenario() {
 
 #[test]
 fn jitter_spreads_a_thundering_herd_of_retries() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = simulate(&["thundering-herd", "--out", dir.path().to_str().unwrap()]);
-    assert!(
-        run.status.success(),
-        "{}",
-        String::from_utf8_lossy(&run.stderr)
-    );
-    let s = summary(dir.path());
+    let (_dir, out) = built_in("thundering-herd");
+    let s = summary(&out);
     for a in ALGORITHMS {
         let busiest = |rows: &Value| {
             totals(rows, a)["retries_in_busiest_second"]
@@ -167,7 +168,7 @@ fn jitter_spreads_a_thundering_herd_of_retries() {
             "{a}: {with} with jitter against {without}"
         );
     }
-    assert!(dir.path().join("herd.svg").exists());
+    assert!(out.join("herd.svg").exists());
 }
 
 #[test]
@@ -224,4 +225,40 @@ fn a_scenario_can_come_from_a_file_and_a_bad_one_is_refused() {
     }
     let run = simulate(&["no-such-scenario", "--out", out.to_str().unwrap()]);
     assert!(String::from_utf8_lossy(&run.stderr).contains("double-window"));
+}
+
+#[test]
+fn a_delaying_rule_gives_the_upstream_the_whole_rate_where_a_refusing_one_wastes_it() {
+    let (_dir, out) = built_in("shaped-vs-refused");
+    let s = summary(&out);
+    let rows = &s["algorithms"];
+    let (delayed, refused) = (totals(rows, "delayed"), totals(rows, "refused"));
+    let n = |t: &Value, field: &str| t[field].as_f64().unwrap();
+    for t in [delayed, refused] {
+        // The same calls, and what reaches the upstream within any second
+        // is no more than the rate and the burst: ten and five.
+        assert_eq!(n(t, "admitted") + n(t, "denied"), 60.0 + 5.0 * 30.0 + 120.0);
+        assert_eq!((n(t, "limit"), n(t, "burst")), (10.0, 5.0));
+        assert!(n(t, "peak") <= 15.0, "{t}");
+    }
+    // Held calls fill max_reserved in the flood and never pass it, nor
+    // wait longer than `max`; the refusing run holds none.
+    assert_eq!(n(delayed, "most_held"), 20.0);
+    assert!(n(delayed, "longest_delay") <= 2.0, "{delayed}");
+    assert_eq!(n(refused, "most_held"), 0.0);
+    // Delaying refuses less and forwards more: about twice as much here.
+    assert!(n(delayed, "denied") < n(refused, "denied"), "{rows}");
+    assert!(
+        n(delayed, "admitted") > 1.8 * n(refused, "admitted"),
+        "{rows}"
+    );
+    for file in ["upstream.svg", "held.svg"] {
+        let svg = std::fs::read_to_string(out.join(file)).unwrap();
+        assert!(
+            svg.starts_with("<svg") && svg.contains("polyline"),
+            "{file}"
+        );
+    }
+    let report = std::fs::read_to_string(out.join("report.html")).unwrap();
+    assert!(report.contains("most held at once"), "{report}");
 }

@@ -135,6 +135,16 @@ impl<S: Store + 'static> Replayer<S> {
         verdict
     }
 
+    /// A request decided as a front end that can hold it decides it
+    /// ([`Enforcer::enforce_shaped`]), and counted. What it reserved stays
+    /// spent: a replay does not wait, its caller takes the request as
+    /// forwarded once the verdict's `delay` is over.
+    pub(crate) async fn request_shaped(&mut self, req: &RequestParts) -> Verdict {
+        let verdict = self.enforcer.enforce_shaped(&self.policy, req).await;
+        self.summary.verdict(&verdict);
+        verdict
+    }
+
     /// A call to a named limit, or to the limit it brings.
     pub(crate) async fn call<'a>(
         &'a mut self,

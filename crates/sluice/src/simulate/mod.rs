@@ -21,12 +21,13 @@ use scenario::Scenario;
 /// `sluice simulate`.
 #[derive(Debug, Args)]
 pub(crate) struct SimulateArgs {
-    /// A built-in scenario: double-window, burst-then-steady, many-clients
-    /// or thundering-herd. Not with --file.
+    /// A built-in scenario: double-window, burst-then-steady, many-clients,
+    /// thundering-herd or shaped-vs-refused. Not with --file.
     #[arg(required_unless_present = "file", conflicts_with = "file")]
     pub(crate) scenario: Option<String>,
     /// A scenario of one's own, as JSON: {"name", "rate", "period",
-    /// "waves": [{"at", "count", "over", "key"}], "retries"}.
+    /// "waves": [{"at", "count", "over", "key"}], "retries"}, or with
+    /// "shaping": {"burst", "max_reserved", "max"} instead of "retries".
     #[arg(long, env = "SLUICE_SCENARIO")]
     pub(crate) file: Option<PathBuf>,
     /// Where the report, the charts and summary.json go (made if missing).
@@ -61,6 +62,12 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let (with, without) = runtime.block_on(async {
         let mut with = Vec::new();
         let mut without = Vec::new();
+        if scenario.shaping.is_some() {
+            for delay in [true, false] {
+                with.push(run::shaped(&scenario, delay).await?);
+            }
+            return anyhow::Ok((with, without));
+        }
         for alg in ALGORITHMS {
             with.push(run::run(alg, &scenario, true).await?);
             if scenario.retries > 0 {
@@ -81,7 +88,16 @@ pub(crate) fn run(args: &SimulateArgs) -> anyhow::Result<()> {
     let summary_path = args.out.join("summary.json");
     std::fs::write(&summary_path, json)
         .with_context(|| format!("{}: cannot write", summary_path.display()))?;
-    let charts = charts(&args.out, &scenario, &with, &without)?;
+    let charts = if scenario.shaping.is_some() {
+        shaping_charts(&scenario, &with)?
+    } else {
+        charts(&scenario, &with, &without)?
+    };
+    for f in &charts {
+        let path = args.out.join(format!("{}.svg", f.id));
+        std::fs::write(&path, &f.svg)
+            .with_context(|| format!("{}: cannot write", path.display()))?;
+    }
     report::write(
         &args.out.join("report.html"),
         &scenario,
@@ -130,12 +146,25 @@ fn per_bin(
     width: f64,
     keep: impl Fn(&CallRecord) -> bool,
 ) -> Vec<(f64, f64)> {
-    let (start, end) = span(calls);
-    let first = (start / width).floor();
-    let bins = ((end / width).floor() - first) as usize + 1;
+    let times = calls.iter().filter(|c| keep(c)).map(|c| c.t);
+    counts(times, width, span(calls))
+}
+
+/// How many of `times` fall in each bin of `width`, from the bin of
+/// `start` to that of `end`, as points at each bin's start; a time
+/// outside counts in the first or the last bin. A time on a bin's edge
+/// (to the microsecond) is in the bin it starts.
+fn counts(
+    times: impl Iterator<Item = f64>,
+    width: f64,
+    (start, end): (f64, f64),
+) -> Vec<(f64, f64)> {
+    let bin = |t: f64| (run::micros(t) as f64 / run::micros(width).max(1) as f64).floor();
+    let first = bin(start);
+    let bins = (bin(end) - first).max(0.0) as usize + 1;
     let mut counts = vec![0.0; bins];
-    for c in calls.iter().filter(|c| keep(c)) {
-        let i = ((c.t / width).floor() - first) as usize;
+    for t in times {
+        let i = (bin(t) - first).max(0.0) as usize;
         counts[i.min(bins - 1)] += 1.0;
     }
     counts
@@ -163,13 +192,8 @@ fn running_total(
         .collect()
 }
 
-/// Draws every chart, and writes each to `dir` as `<id>.svg`.
-fn charts(
-    dir: &std::path::Path,
-    s: &Scenario,
-    with: &[Run],
-    without: &[Run],
-) -> anyhow::Result<Vec<Figure>> {
+/// Draws every chart of a scenario that compares the algorithms.
+fn charts(s: &Scenario, with: &[Run], without: &[Run]) -> anyhow::Result<Vec<Figure>> {
     let by_algorithm = |points: &dyn Fn(&Run) -> Vec<(f64, f64)>| -> Vec<Series> {
         with.iter()
             .map(|r| Series {
@@ -255,12 +279,86 @@ fn charts(
             ),
         });
     }
-    for f in &drawn {
-        let path = dir.join(format!("{}.svg", f.id));
-        std::fs::write(&path, &f.svg)
-            .with_context(|| format!("{}: cannot write", path.display()))?;
+    Ok(drawn)
+}
+
+/// The charts of a shaped scenario, whose runs are the delaying one and
+/// the refusing one: what reaches the upstream, per second, beside what
+/// was sent; and how many calls the delaying run held.
+fn shaping_charts(s: &Scenario, runs: &[Run]) -> anyhow::Result<Vec<Figure>> {
+    let end = runs
+        .iter()
+        .flat_map(|r| r.calls.iter().filter_map(CallRecord::forwarded))
+        .chain(runs.iter().map(|r| span(&r.calls).1))
+        .fold(0.0, f64::max);
+    let start = runs.iter().map(|r| span(&r.calls).0).fold(end, f64::min);
+    let width = bin_width((start, end), 60);
+    let per_second = |times: &mut dyn Iterator<Item = f64>| -> Vec<(f64, f64)> {
+        counts(times, width, (start, end))
+            .into_iter()
+            .map(|(t, n)| (t, n / width))
+            .collect()
+    };
+    let mut upstream = Vec::new();
+    if let Some(r) = runs.first() {
+        upstream.push(Series {
+            name: "sent".to_owned(),
+            points: per_second(&mut r.calls.iter().map(|c| c.t)),
+        });
+    }
+    for r in runs {
+        upstream.push(Series {
+            name: format!("reaching the upstream, {}", r.totals.algorithm),
+            points: per_second(&mut r.calls.iter().filter_map(CallRecord::forwarded)),
+        });
+    }
+    let shaping = s.shaping.as_ref();
+    let (burst, max) = shaping.map_or((0.0, 0.0), |sh| (sh.burst, sh.max));
+    let mut drawn = vec![Figure {
+        id: "upstream".to_owned(),
+        svg: chart::lines(
+            "What reaches the upstream",
+            ("seconds", "calls per second"),
+            &upstream,
+        )?,
+        caption: format!(
+            "Calls sent and calls reaching the upstream, per second over each {width} s, under \
+             a token bucket of {} per {} s with a burst of {burst}: delayed, each call over the \
+             limit is held until the bucket has room for it (up to {max} s), so the upstream \
+             gets the whole rate; refused, it gets what the bucket held when the calls came",
+            s.rate, s.period
+        ),
+    }];
+    if let Some(r) = runs.iter().find(|r| r.totals.algorithm == "delayed") {
+        drawn.push(Figure {
+            id: "held".to_owned(),
+            svg: chart::lines(
+                "Calls held",
+                ("seconds", "held"),
+                &[Series {
+                    name: "held, delayed".to_owned(),
+                    points: held_over_time(&r.calls),
+                }],
+            )?,
+            caption: format!(
+                "Calls held at once in the delaying run: never more than max_reserved ({})",
+                shaping.map_or(0.0, |sh| sh.max_reserved)
+            ),
+        });
     }
     Ok(drawn)
+}
+
+/// The number of calls held, as a step at each arrival and forwarding.
+fn held_over_time(calls: &[CallRecord]) -> Vec<(f64, f64)> {
+    let mut before = 0.0;
+    let mut points = vec![(span(calls).0, 0.0)];
+    for (t, n) in run::held(calls) {
+        points.push((t, before));
+        before = n as f64;
+        points.push((t, before));
+    }
+    points
 }
 
 /// Twenty equal bins from 0 to the largest value, as (bin start, count).
@@ -291,6 +389,7 @@ mod tests {
             retry_after: None,
             remaining: None,
             attempt: 0,
+            delay: 0.0,
         }
     }
 

@@ -5,10 +5,10 @@ use std::cmp::Reverse;
 use std::collections::BinaryHeap;
 
 use serde::Serialize;
-use sluice_core::MemoryStore;
-use sluice_policy::Policy;
+use sluice_core::{FakeClock, MemoryStore};
+use sluice_policy::RequestParts;
 
-use super::scenario::Scenario;
+use super::scenario::{KEY_HEADER, Scenario};
 use crate::replay::{Call, Hold, Replayer};
 
 /// The algorithms compared, as a policy file names them.
@@ -29,6 +29,16 @@ pub(crate) struct CallRecord {
     pub(crate) remaining: Option<u64>,
     /// 0 for a first call, then 1, 2… for its retries.
     pub(crate) attempt: u32,
+    /// How long an admitted call was held before it went on, in seconds:
+    /// 0 but where a shaping rule delayed it.
+    pub(crate) delay: f64,
+}
+
+impl CallRecord {
+    /// When an admitted call reached the upstream.
+    pub(crate) fn forwarded(&self) -> Option<f64> {
+        self.allowed.then_some(self.t + self.delay)
+    }
 }
 
 /// What one algorithm did with the scenario.
@@ -56,28 +66,18 @@ pub(crate) struct Totals {
     /// The most retries, of every key, within any span of one second: how
     /// hard the denied clients come back at once.
     pub(crate) retries_in_busiest_second: u64,
+    /// Of a shaped scenario: the most calls held at once, and the longest
+    /// any was held, in seconds.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) most_held: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub(crate) longest_delay: Option<f64>,
 }
 
 /// A run: its totals and every call.
 pub(crate) struct Run {
     pub(crate) totals: Totals,
     pub(crate) calls: Vec<CallRecord>,
-}
-
-/// The policy of one algorithm at the scenario's limit: a named limit
-/// `sim` whose windows, if it has any, open at 0.
-fn policy(algorithm: &str, s: &Scenario) -> anyhow::Result<Policy> {
-    let (rate, period) = (s.rate, s.period);
-    let start = if matches!(algorithm, "fixed_window" | "sliding_window") {
-        ", start: 0"
-    } else {
-        ""
-    };
-    let text = format!(
-        "limits:\n  sim:\n    algorithm: {algorithm}\n    \
-         algorithm_config: {{rate: {rate}, period: {period}{start}}}\n"
-    );
-    Ok(Policy::from_str(&text, "simulation")?)
 }
 
 /// Runs `s` through `algorithm`. A denied call is tried again after the
@@ -88,8 +88,7 @@ pub(crate) async fn run(
     s: &Scenario,
     jitter: bool,
 ) -> anyhow::Result<Run> {
-    let mut replayer: Replayer<MemoryStore<sluice_core::FakeClock>> =
-        Replayer::new(policy(algorithm, s)?, 0);
+    let mut replayer: Replayer<MemoryStore<FakeClock>> = Replayer::new(s.policy(algorithm)?, 0);
     let arrivals = s.arrivals();
     let mut keys: Vec<&str> = Vec::new();
     // (time in ns, sequence, key index, attempt)
@@ -127,6 +126,7 @@ pub(crate) async fn run(
             retry_after: line.retry_after,
             remaining: line.remaining,
             attempt,
+            delay: 0.0,
         };
         calls.push(seen);
         if let (false, Some(exact)) = (seen.allowed, seen.retry_after)
@@ -162,6 +162,60 @@ pub(crate) async fn run(
             "sliding_log" => 0.0,
             _ => s.rate,
         },
+        most_held: None,
+        longest_delay: None,
+    };
+    Ok(Run { totals, calls })
+}
+
+/// Runs the scenario's calls through its shaping rule as requests, held
+/// when `delay` as a front end that can hold them holds them
+/// ([`Enforcer::enforce_shaped`](sluice_engine::Enforcer::enforce_shaped):
+/// a request over the limit reserves, and one whose wait is within the
+/// rule's `max` reaches the upstream when the wait is over), refused over
+/// the limit otherwise.
+pub(crate) async fn shaped(s: &Scenario, delay: bool) -> anyhow::Result<Run> {
+    let shaping = s
+        .shaping
+        .as_ref()
+        .ok_or_else(|| anyhow::anyhow!("the scenario {:?} does not shape", s.name))?;
+    let mut replayer: Replayer<MemoryStore<FakeClock>> = Replayer::new(shaping.policy(s)?, 0);
+    let arrivals = s.arrivals();
+    let mut keys: Vec<&str> = Vec::new();
+    let mut calls = Vec::with_capacity(arrivals.len());
+    for (t, key) in arrivals {
+        let k = keys.iter().position(|k| *k == key).unwrap_or_else(|| {
+            keys.push(key);
+            keys.len() - 1
+        });
+        replayer.set_time(t).await?;
+        let req = RequestParts::new("GET", "/").with_header(KEY_HEADER, key);
+        let verdict = if delay {
+            replayer.request_shaped(&req).await
+        } else {
+            replayer.request(&req, 0.0).await
+        };
+        calls.push(CallRecord {
+            t,
+            key: k,
+            allowed: verdict.allowed,
+            retry_after: verdict.retry_after,
+            remaining: None,
+            attempt: 0,
+            delay: verdict.delay.map_or(0.0, |d| d.as_secs_f64()),
+        });
+    }
+    let admitted = calls.iter().filter(|c| c.allowed).count() as u64;
+    let totals = Totals {
+        algorithm: if delay { "delayed" } else { "refused" },
+        admitted,
+        denied: calls.len() as u64 - admitted,
+        peak: peak(&calls, keys.len(), s.period),
+        retries_in_busiest_second: 0,
+        limit: s.rate,
+        burst: shaping.burst,
+        most_held: Some(held(&calls).into_iter().map(|(_, n)| n).max().unwrap_or(0)),
+        longest_delay: Some(calls.iter().map(|c| c.delay).fold(0.0, f64::max)),
     };
     Ok(Run { totals, calls })
 }
@@ -170,16 +224,49 @@ fn nanos(secs: f64) -> i64 {
     (secs * 1e9).round() as i64
 }
 
-/// The most calls of one key admitted within any span shorter than
-/// `period`.
+/// `secs` in whole microseconds: where a simulation's moments are
+/// compared, as virtual time is whole nanoseconds and a call's time and
+/// its wait are each rounded to one.
+pub(crate) fn micros(secs: f64) -> i64 {
+    (secs * 1e6).round() as i64
+}
+
+/// How many calls are held after each arrival of a delayed call and
+/// each forwarding, in time order: each is held from its arrival until it
+/// is forwarded, and one forwarded at the moment another arrives is gone
+/// first. Moments are whole microseconds: virtual time is whole
+/// nanoseconds and a wait is rounded to one, so a call due as another
+/// arrives may be due a nanosecond after it.
+pub(crate) fn held(calls: &[CallRecord]) -> Vec<(f64, u64)> {
+    let mut changes: Vec<(i64, i64)> = calls
+        .iter()
+        .filter(|c| c.allowed && c.delay > 0.0)
+        .flat_map(|c| [(micros(c.t), 1), (micros(c.t + c.delay), -1)])
+        .collect();
+    changes.sort_unstable();
+    let mut now: i64 = 0;
+    changes
+        .into_iter()
+        .map(|(t, change)| {
+            now += change;
+            (t as f64 / 1e6, now.max(0) as u64)
+        })
+        .collect()
+}
+
+/// The most calls of one key that reached the upstream within any span
+/// shorter than `period`.
 pub(crate) fn peak(calls: &[CallRecord], keys: usize, period: f64) -> u64 {
     (0..keys)
         .map(|k| {
-            let times = calls
+            let mut times: Vec<f64> = calls
                 .iter()
-                .filter(|c| c.allowed && c.key == k)
-                .map(|c| c.t);
-            busiest(times, period)
+                .filter(|c| c.key == k)
+                .filter_map(CallRecord::forwarded)
+                .collect();
+            // A delayed call may reach the upstream after later ones.
+            times.sort_by(f64::total_cmp);
+            busiest(times.into_iter(), period)
         })
         .max()
         .unwrap_or(0)
@@ -211,7 +298,67 @@ mod tests {
             retry_after: None,
             remaining: None,
             attempt: 0,
+            delay: 0.0,
         }
+    }
+
+    /// Six calls at once under ten a second with a burst of one and room
+    /// for `max_reserved` more, held for up to `max` seconds.
+    async fn six_at_once(max_reserved: f64, max: f64, delay: bool) -> Vec<Option<f64>> {
+        let s: Scenario = serde_json::from_value(serde_json::json!({
+            "name": "six", "rate": 10, "period": 1,
+            "waves": [{"at": 1, "count": 6}],
+            "shaping": {"burst": 1, "max_reserved": max_reserved, "max": max},
+        }))
+        .unwrap();
+        s.check().unwrap();
+        let run = shaped(&s, delay).await.unwrap();
+        let at = |c: &CallRecord| c.forwarded().map(|t| (t * 1e6).round() / 1e6);
+        run.calls.iter().map(at).collect()
+    }
+
+    #[tokio::test]
+    async fn a_delayed_call_reaches_the_upstream_when_its_reservation_is_due() {
+        // As nginx's `limit_req rate=10r/s burst=3`: the first at once,
+        // three more 100 ms apart, the rest refused.
+        assert_eq!(
+            six_at_once(3.0, 1.0, true).await,
+            [Some(1.0), Some(1.1), Some(1.2), Some(1.3), None, None]
+        );
+        // A reservation due later than `max` is given back: the next call
+        // finds the bucket as the last admitted one left it.
+        assert_eq!(
+            six_at_once(3.0, 0.15, true).await,
+            [Some(1.0), Some(1.1), None, None, None, None]
+        );
+        // Without the delay, only the burst.
+        assert_eq!(
+            six_at_once(3.0, 1.0, false).await,
+            [Some(1.0), None, None, None, None, None]
+        );
+    }
+
+    #[test]
+    fn held_calls_are_counted_from_arrival_until_forwarded() {
+        let call = |t: f64, delay: f64| CallRecord {
+            delay,
+            ..seen(t, true)
+        };
+        let counts = |calls: &[CallRecord]| -> Vec<u64> {
+            held(calls).into_iter().map(|(_, n)| n).collect()
+        };
+        // One forwarded at once is never held.
+        let calls = [
+            call(0.0, 0.0),
+            call(0.0, 0.1),
+            call(0.0, 0.2),
+            call(0.15, 0.1),
+        ];
+        assert_eq!(counts(&calls), [1, 2, 1, 2, 1, 0]);
+        // One forwarded as another arrives, even a nanosecond late (as the
+        // store rounds its wait), is gone first.
+        let calls = [call(0.0, 0.100_000_000_3), call(0.1, 0.1)];
+        assert_eq!(counts(&calls), [1, 0, 1, 0]);
     }
 
     #[test]

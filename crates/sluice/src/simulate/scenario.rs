@@ -5,9 +5,10 @@ use std::path::Path;
 
 use anyhow::{Context, bail};
 use serde::Deserialize;
+use sluice_policy::Policy;
 
 /// The built-in scenarios, by name, with what each shows.
-pub(crate) const BUILT_IN: [(&str, &str); 4] = [
+pub(crate) const BUILT_IN: [(&str, &str); 5] = [
     (
         "double-window",
         "One client sends a limit's worth of calls in the last second before a window boundary, \
@@ -29,6 +30,14 @@ pub(crate) const BUILT_IN: [(&str, &str); 4] = [
          more at once; each denied call retries after the Retry-After it was given, with \
          Sluice's per-key jitter and without it.",
     ),
+    (
+        "shaped-vs-refused",
+        "One client, under a token bucket of ten calls a second with a burst of five: six calls \
+         a second for ten seconds, then bursts of thirty in half a second every three seconds, then a \
+         flood of sixty a second for two seconds. Once the rule holds a call over the limit until the bucket \
+         has room for it, for up to two seconds (on_limit: delay, max_reserved 20), and once \
+         it refuses it.",
+    ),
 ];
 
 /// A wave of calls: `count` calls of `key`, evenly spread over `over`
@@ -48,6 +57,59 @@ fn default_key() -> String {
     "client".to_owned()
 }
 
+/// A token bucket that holds calls over its limit rather than refusing
+/// them, as a rule with `on_limit: {delay: {max}}` does: a scenario with
+/// one is run through that bucket twice, delaying and refusing, instead of
+/// through every algorithm.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct Shaping {
+    /// The bucket's burst (its capacity); its rate is the scenario's.
+    pub(crate) burst: f64,
+    /// How far below zero a reservation may take the bucket: how many
+    /// calls are held at once, at most.
+    pub(crate) max_reserved: f64,
+    /// The longest a call is held, in seconds (the `max` of `delay`).
+    pub(crate) max: f64,
+}
+
+impl Shaping {
+    /// Refuses what the policy would, and retries, which a shaped
+    /// scenario does not model: a held call is not told to come back.
+    fn check(&self, s: &Scenario) -> anyhow::Result<()> {
+        if !(self.burst.is_finite() && self.burst >= 1.0) {
+            bail!("`shaping.burst` must be a number ≥ 1");
+        }
+        if !(self.max_reserved.is_finite() && self.max_reserved >= 0.0) {
+            bail!("`shaping.max_reserved` must be a finite number ≥ 0");
+        }
+        if !(self.max.is_finite() && self.max > 0.0 && self.max <= 3600.0) {
+            bail!("`shaping.max` must be more than 0 seconds and at most an hour");
+        }
+        if s.retries > 0 {
+            bail!("a scenario with `shaping` does not retry: leave out `retries`");
+        }
+        Ok(())
+    }
+
+    /// The policy of a shaped scenario: one rule, `sim`, a token bucket
+    /// at the scenario's rate keyed by the header `x-client`, which delays
+    /// as `on_limit: {delay: {max}}` says where the caller can hold a
+    /// request, and refuses where it cannot.
+    pub(crate) fn policy(&self, s: &Scenario) -> anyhow::Result<Policy> {
+        let text = format!(
+            "rules:\n  - name: sim\n    limit_keys: [\"header:{KEY_HEADER}\"]\n    \
+             algorithm: token_bucket\n    algorithm_config: {{rate: {}, period: {}, \
+             burst: {}, max_reserved: {}}}\n    on_limit: {{delay: {{max: {}}}}}\n",
+            s.rate, s.period, self.burst, self.max_reserved, self.max
+        );
+        Ok(Policy::from_str(&text, "simulation")?)
+    }
+}
+
+/// The header that carries a shaped scenario's key.
+pub(crate) const KEY_HEADER: &str = "x-client";
+
 /// A simulation: the limit every algorithm is given (`rate` per `period`
 /// seconds), the calls, and whether a denied call is tried again.
 #[derive(Debug, Clone, Deserialize, PartialEq)]
@@ -63,6 +125,10 @@ pub(crate) struct Scenario {
     /// many times each (0: never).
     #[serde(default)]
     pub(crate) retries: u32,
+    /// Delay against refuse, on one token bucket, instead of comparing
+    /// the algorithms.
+    #[serde(default)]
+    pub(crate) shaping: Option<Shaping>,
 }
 
 /// The most calls a scenario may send, so that a file cannot ask for more
@@ -91,6 +157,7 @@ impl Scenario {
             period,
             waves,
             retries,
+            shaping: None,
         };
         let scenario = match name {
             "double-window" => built(
@@ -128,6 +195,19 @@ impl Scenario {
                     .collect(),
                 20,
             ),
+            "shaped-vs-refused" => {
+                let mut waves = vec![wave(0.0, 60, 10.0, "client")];
+                waves.extend((0..5).map(|i| wave(10.0 + 3.0 * f64::from(i), 30, 0.5, "client")));
+                waves.push(wave(25.0, 120, 2.0, "client"));
+                Scenario {
+                    shaping: Some(Shaping {
+                        burst: 5.0,
+                        max_reserved: 20.0,
+                        max: 2.0,
+                    }),
+                    ..built(10.0, 1.0, waves, 0)
+                }
+            }
             other => bail!(
                 "no built-in scenario {other:?}; there are {}, or give --file",
                 BUILT_IN.map(|(n, _)| n).join(", ")
@@ -164,11 +244,30 @@ impl Scenario {
             }
             calls += u64::from(w.count);
         }
+        if let Some(shaping) = &self.shaping {
+            shaping.check(self)?;
+        }
         let most = calls.saturating_mul(u64::from(self.retries) + 1);
         if most > MAX_CALLS {
             bail!("the scenario could send {most} calls; at most {MAX_CALLS} are simulated");
         }
         Ok(())
+    }
+
+    /// The policy of the limit `sim`: `algorithm` at the scenario's rate,
+    /// its windows, if it has any, opening at 0.
+    pub(crate) fn policy(&self, algorithm: &str) -> anyhow::Result<Policy> {
+        let (rate, period) = (self.rate, self.period);
+        let start = if matches!(algorithm, "fixed_window" | "sliding_window") {
+            ", start: 0"
+        } else {
+            ""
+        };
+        let text = format!(
+            "limits:\n  sim:\n    algorithm: {algorithm}\n    \
+             algorithm_config: {{rate: {rate}, period: {period}{start}}}\n"
+        );
+        Ok(Policy::from_str(&text, "simulation")?)
     }
 
     /// Every first call, as (time, key), in time order.

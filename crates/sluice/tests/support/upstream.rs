@@ -10,6 +10,7 @@ use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
+use std::time::Instant;
 
 use axum::Router;
 use axum::body::Body;
@@ -43,6 +44,8 @@ pub(crate) struct Seen {
     /// `/busy` requests being answered now, and the most there ever were.
     busy: AtomicUsize,
     most_busy: AtomicUsize,
+    /// Each request's path and when it arrived, in order of arrival.
+    arrivals: Mutex<Vec<(String, Instant)>>,
 }
 
 impl Seen {
@@ -57,6 +60,11 @@ impl Seen {
     /// The most `/busy` requests the upstream was ever answering at once.
     pub(crate) fn most_busy(&self) -> usize {
         self.most_busy.load(Ordering::SeqCst)
+    }
+
+    /// Each request's path and when it arrived, in order of arrival.
+    pub(crate) fn arrivals(&self) -> Vec<(String, Instant)> {
+        self.arrivals.lock().unwrap().clone()
     }
 }
 
@@ -77,13 +85,16 @@ async fn busy(State(seen): State<Arc<Seen>>) -> Response {
     Response::new(Body::new(ChannelBody(rx)))
 }
 
-/// Counts each request, and the connection it came on, before it is answered.
+/// Counts each request, and the connection it came on, and notes when it
+/// arrived, before it is answered.
 async fn record(
     State(seen): State<Arc<Seen>>,
     ConnectInfo(peer): ConnectInfo<SocketAddr>,
     req: Request,
     next: Next,
 ) -> Response {
+    let path = req.uri().path().to_owned();
+    seen.arrivals.lock().unwrap().push((path, Instant::now()));
     seen.hits.fetch_add(1, Ordering::SeqCst);
     seen.ports.lock().unwrap().insert(peer.port());
     next.run(req).await
