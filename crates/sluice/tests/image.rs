@@ -259,6 +259,35 @@ async fn the_image_serves_as_a_non_root_user_on_a_read_only_root_and_decides_ove
     assert_eq!(code(1).await, 2);
 }
 
+/// A container is configured through its environment, so every flag of
+/// the servers it runs must have a `SLUICE_*` variable.
+#[test]
+fn every_flag_of_serve_and_proxy_has_a_sluice_variable() {
+    for command in ["serve", "proxy"] {
+        let help = support::sluice()
+            .args([command, "--help"])
+            .stdout(std::process::Stdio::piped())
+            .output()
+            .unwrap();
+        let help = String::from_utf8(help.stdout).unwrap();
+        // Each option's block: its line, then its description up to the next.
+        let mut blocks: Vec<String> = Vec::new();
+        for line in help.lines() {
+            if line.trim_start().starts_with('-') {
+                blocks.push(String::new());
+            }
+            if let Some(block) = blocks.last_mut() {
+                block.push_str(line);
+            }
+        }
+        let flags: Vec<&String> = blocks.iter().filter(|b| !b.contains("--help")).collect();
+        assert!(flags.len() >= 10, "{command}: {help}");
+        for flag in flags {
+            assert!(flag.contains("[env: SLUICE_"), "{command}: {flag}");
+        }
+    }
+}
+
 /// The longest time during which none of `seen`'s calls was on its way:
 /// when no server could have been deciding any.
 fn longest_idle(seen: &[Seen]) -> Duration {
