@@ -10,40 +10,9 @@ mod redis;
 
 use std::time::{Duration, Instant};
 
+use support::measure::{Seen, hammer, most_in_one_period};
 use support::serve::spawn_serve;
 use support::{Process, policy_file};
-
-/// One request as its client saw it: when it was sent, when the answer
-/// came, and whether it was admitted. Redis decided it somewhere between
-/// the two times.
-#[derive(Clone, Copy)]
-struct Seen {
-    sent: Instant,
-    answered: Instant,
-    allowed: bool,
-}
-
-/// The most admissions the calls in `seen` prove happened within one
-/// `period`: those sent at or after some admission's sending and answered
-/// before a period after it. Every admission of such a group was decided
-/// inside one span shorter than `period`, so a limit of `rate` per period
-/// must have admitted at most `rate` of them, whatever the latencies.
-fn most_in_one_period(seen: &[Seen], period: Duration) -> usize {
-    let mut admitted: Vec<&Seen> = seen.iter().filter(|s| s.allowed).collect();
-    admitted.sort_by_key(|s| s.sent);
-    admitted
-        .iter()
-        .enumerate()
-        .map(|(i, first)| {
-            admitted[i..]
-                .iter()
-                .take_while(|s| s.sent < first.sent + period)
-                .filter(|s| s.answered < first.sent + period)
-                .count()
-        })
-        .max()
-        .unwrap_or(0)
-}
 
 #[test]
 fn a_group_proven_within_one_period_is_counted_and_one_that_is_not_is_left_out() {
@@ -89,38 +58,15 @@ async fn four_servers_sharing_one_redis_admit_a_sliding_logs_rate_and_never_more
 
     let client = reqwest::Client::new();
     let until = Instant::now() + PERIOD * PERIODS + PERIOD / 2;
-    let callers: Vec<_> = servers
-        .iter()
-        .flat_map(|(_, base)| std::iter::repeat_n(base.clone(), CLIENTS_PER_SERVER))
-        .map(|base| {
-            let client = client.clone();
-            tokio::spawn(async move {
-                let mut seen = Vec::new();
-                while Instant::now() < until {
-                    let sent = Instant::now();
-                    let res = client
-                        .post(format!("{base}/v1/limit"))
-                        .header("content-type", "application/json")
-                        .body(r#"{"limit": "chat", "key": "room"}"#)
-                        .send()
-                        .await
-                        .unwrap();
-                    let status = res.status().as_u16();
-                    assert!(status == 200 || status == 429, "{status}");
-                    seen.push(Seen {
-                        sent,
-                        answered: Instant::now(),
-                        allowed: status == 200,
-                    });
-                }
-                seen
-            })
-        })
-        .collect();
-    let mut seen = Vec::new();
-    for caller in callers {
-        seen.extend(caller.await.unwrap());
-    }
+    let bases: Vec<String> = servers.iter().map(|(_, base)| base.clone()).collect();
+    let seen = hammer(
+        &client,
+        &bases,
+        CLIENTS_PER_SERVER,
+        r#"{"limit": "chat", "key": "room"}"#,
+        until,
+    )
+    .await;
 
     let most = most_in_one_period(&seen, PERIOD);
     assert!(most <= RATE, "{most} admissions within one period");

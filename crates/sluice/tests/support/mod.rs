@@ -1,12 +1,16 @@
 //! What the binary's tests share: a child process that cannot outlive its
 //! test, the `sluice` command, free ports, policy files, and polling with a
 //! deadline instead of sleeping. The submodules hold the setup of one test
-//! file each: `serve`, `proxy` and `upstream`, `connections`.
+//! file each: `serve`, `proxy` and `upstream`, `connections`; `measure`
+//! counts admissions for the load tests on a shared store, `podman` runs
+//! the image.
 
 // Each test crate uses its own subset.
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub(crate) mod connections;
+pub(crate) mod measure;
+pub(crate) mod podman;
 pub(crate) mod proxy;
 pub(crate) mod serve;
 pub(crate) mod upstream;
