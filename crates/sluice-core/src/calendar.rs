@@ -21,10 +21,29 @@ use jiff::civil::Date;
 use jiff::tz::TimeZone;
 use jiff::{Span, Timestamp};
 
-use crate::config::ConfigError;
 use crate::time::Nanos;
 
 const DAY: i64 = 24 * 3_600 * Nanos::PER_SEC;
+
+/// What a calendar cannot be made of.
+///
+/// ```
+/// use sluice_core::{Calendar, CalendarError, CalendarUnit};
+/// let err = Calendar::new(CalendarUnit::Day, "Europe/Atlantis").unwrap_err();
+/// assert_eq!(err, CalendarError::TimeZone("Europe/Atlantis".into()));
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum CalendarError {
+    /// A calendar window's unit is one of day, week, month and year.
+    #[error("calendar must be one of day, week, month, year; got {0:?}")]
+    Unit(String),
+    /// A calendar window's zone is an IANA name the tz database knows.
+    #[error(
+        "time zone {0:?} is not in the tz database (write an IANA name such as Europe/Berlin, or UTC)"
+    )]
+    TimeZone(String),
+}
 
 /// The calendar unit a window lasts.
 ///
@@ -87,13 +106,13 @@ impl fmt::Display for CalendarUnit {
 }
 
 impl std::str::FromStr for CalendarUnit {
-    type Err = ConfigError;
+    type Err = CalendarError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
         CalendarUnit::ALL
             .into_iter()
             .find(|u| u.name() == s)
-            .ok_or_else(|| ConfigError::CalendarUnit(s.chars().take(32).collect()))
+            .ok_or_else(|| CalendarError::Unit(s.chars().take(32).collect()))
     }
 }
 
@@ -147,10 +166,10 @@ pub struct Calendar {
 impl Calendar {
     /// Windows of `unit` in the IANA zone `zone` (such as `Europe/Berlin`,
     /// or `UTC`), from the bundled tz database.
-    pub fn new(unit: CalendarUnit, zone: &str) -> Result<Calendar, ConfigError> {
+    pub fn new(unit: CalendarUnit, zone: &str) -> Result<Calendar, CalendarError> {
         let tz = jiff::tz::db()
             .get(zone)
-            .map_err(|_| ConfigError::TimeZone(zone.chars().take(64).collect()))?;
+            .map_err(|_| CalendarError::TimeZone(zone.chars().take(64).collect()))?;
         Ok(Calendar::of(unit, zone, tz))
     }
 

@@ -40,20 +40,12 @@ pub enum ConfigError {
          which bounds what a call on it costs), got {0}"
     )]
     Slots(f64),
-    /// A calendar window's unit is one of day, week, month and year.
-    #[error("calendar must be one of day, week, month, year; got {0:?}")]
-    CalendarUnit(String),
     /// A calendar window rolls unused tokens over for at most
     /// [`CALENDAR_WINDOWS`] windows.
     #[error(
         "a calendar window's capacity must be at most {CALENDAR_WINDOWS} times its rate, got {0}"
     )]
     CalendarCapacity(f64),
-    /// A calendar window's zone is an IANA name the tz database knows.
-    #[error(
-        "time zone {0:?} is not in the tz database (write an IANA name such as Europe/Berlin, or UTC)"
-    )]
-    TimeZone(String),
 }
 
 /// How long a reservation may make its caller wait: one year. A reservation

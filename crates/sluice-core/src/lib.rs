@@ -21,7 +21,7 @@ pub mod states;
 pub mod store;
 mod time;
 
-pub use calendar::{Calendar, CalendarUnit};
+pub use calendar::{Calendar, CalendarError, CalendarUnit};
 pub use config::{
     Algorithm, CALENDAR_WINDOWS, Concurrency, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS,
     MAX_SLOTS, RESERVATION_HORIZON, SlidingLog, SlidingWindow, TokenBucket,

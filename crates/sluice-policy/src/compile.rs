@@ -108,6 +108,7 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
         compiled.penalty = penalty;
         policy.rules.push(compiled);
     }
+    policy.delays = policy.rules.iter().any(|r| r.delay().is_some());
     warn_of_ungrouped_tiers(&policy.rules, &named_at, &mut warnings);
     warnings.sort_by_key(|w| w.pos);
     Ok((policy, warnings))

@@ -405,6 +405,9 @@ pub struct Policy {
     /// Whether the file lists its rules or limits as explicitly empty
     /// (`rules: []`), rather than leaving them out.
     pub(crate) empty_on_purpose: bool,
+    /// Whether a rule delays (`on_limit: {delay}`), worked out once: the
+    /// middleware asks with every request.
+    pub(crate) delays: bool,
 }
 
 impl Default for Policy {
@@ -421,6 +424,7 @@ impl Default for Policy {
             jwt: None,
             warnings: Vec::new(),
             empty_on_purpose: false,
+            delays: false,
         }
     }
 }
@@ -458,6 +462,19 @@ impl Policy {
     /// ```
     pub fn is_empty_on_purpose(&self) -> bool {
         self.empty_on_purpose
+    }
+
+    /// Whether any rule delays requests over its limit rather than refuse
+    /// them (`on_limit: {delay}`).
+    ///
+    /// ```
+    /// use sluice_policy::Policy;
+    /// let rule = "rules: [{name: r, limit_keys: [path], algorithm: token_bucket, algorithm_config: {rps: 1, max_reserved: 1}";
+    /// assert!(Policy::from_str(&format!("{rule}, on_limit: {{delay: {{max: 1s}}}}}}]"), "p").unwrap().delays());
+    /// assert!(!Policy::from_str(&format!("{rule}}}]"), "p").unwrap().delays());
+    /// ```
+    pub fn delays(&self) -> bool {
+        self.delays
     }
 
     /// The `store` section, or the in-memory default.

@@ -321,14 +321,42 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
 fn push_boundaries(out: &mut Vec<u8>, fw: &FixedWindow, cal: Calendar, at: Nanos, u: i64) {
     let short = (fw.capacity() / fw.rate()).ceil() as i64 + fw.debt_windows() + 2;
     let here = cal.index(at);
-    let (first, last) = (here.saturating_sub(short), here.saturating_add(short));
-    out.extend_from_slice(&((last - first + 1) as f64).to_le_bytes());
-    for i in first..=last {
-        // Boundaries fall on whole seconds (every offset in the tz
-        // database is), so a unit of Redis time divides them.
-        let b = cal.start(i).0.div_euclid(u);
-        out.extend_from_slice(&(b as f64).to_le_bytes());
-    }
+    let key = (cal, here, short, u);
+    // The list changes only when a window passes: each thread keeps the
+    // last few it encoded, rather than look up to 133 boundaries in the tz
+    // database for every batch.
+    BOUNDARIES.with_borrow_mut(|kept| {
+        if let Some((_, bytes)) = kept.iter().find(|(k, _)| *k == key) {
+            out.extend_from_slice(bytes);
+            return;
+        }
+        let (first, last) = (here.saturating_sub(short), here.saturating_add(short));
+        let mut bytes = Vec::with_capacity(8 * (2 * short as usize + 2));
+        bytes.extend_from_slice(&((last - first + 1) as f64).to_le_bytes());
+        for i in first..=last {
+            // Boundaries fall on whole seconds (every offset in the tz
+            // database is), so a unit of Redis time divides them.
+            let b = cal.start(i).0.div_euclid(u);
+            bytes.extend_from_slice(&(b as f64).to_le_bytes());
+        }
+        out.extend_from_slice(&bytes);
+        if kept.len() == KEPT_BOUNDARIES {
+            kept.remove(0);
+        }
+        kept.push((key, bytes));
+    });
+}
+
+/// A calendar's boundaries as encoded for the script: the calendar, the
+/// window of the client's time, how many on each side, the unit of time.
+type BoundariesKey = (Calendar, i64, i64, i64);
+
+/// How many boundary lists a thread keeps: a few calendar limits' worth.
+const KEPT_BOUNDARIES: usize = 4;
+
+thread_local! {
+    static BOUNDARIES: std::cell::RefCell<Vec<(BoundariesKey, Vec<u8>)>> =
+        const { std::cell::RefCell::new(Vec::new()) };
 }
 
 /// Builds one script call deciding `txns` in order; `at` is the client's

@@ -178,7 +178,7 @@ where
             let policy = enforcer.policy();
             // Room to hold the request is taken before deciding, so that a
             // request is never admitted to wait with nowhere to wait.
-            let room = if policy.rules().iter().any(|r| r.delay().is_some()) {
+            let room = if policy.delays() {
                 holding.room()
             } else {
                 None
