@@ -379,17 +379,22 @@ struct Tally {
     failed: Vec<String>,
 }
 
-/// Whether the connection closed before any byte of an answer came: the
-/// server stopped before it read the call, since a call it has read is
-/// answered before it exits (which the test checks it does cleanly), so
-/// the call was not decided and may go elsewhere, as a load balancer
-/// retries a reset before the response started.
+/// Whether the connection closed, or was reset, before any byte of an
+/// answer came: the server stopped before it read the call, since a call
+/// it has read is answered before it exits (which the test checks it does
+/// cleanly), so the call was not decided and may go elsewhere, as a load
+/// balancer retries a reset before the response started. (Issue 39 asks
+/// for no such call at all: the server should drain what it accepted.)
 fn closed_unanswered(e: &reqwest::Error) -> bool {
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
-        if s.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
-        {
+        let incomplete = s
+            .downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message);
+        let reset = s
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|io| io.kind() == std::io::ErrorKind::ConnectionReset);
+        if incomplete || reset {
             return true;
         }
         source = s.source();
