@@ -197,8 +197,12 @@ async fn send(targets: &[SocketAddr], at: &[u64]) -> (Instant, Vec<Vec<u16>>) {
     for (i, (&ms, mut each)) in at.iter().zip(conns).enumerate() {
         tokio::time::sleep_until(start + Duration::from_millis(ms)).await;
         let req = format!("GET /r/{i} HTTP/1.1\r\nhost: shaping\r\nconnection: close\r\n\r\n");
-        for conn in &mut each {
-            conn.send(req.as_bytes()).await;
+        // Each side goes first every other time: the second write is a
+        // few microseconds later.
+        let n = each.len();
+        for k in 0..n {
+            let k = if i % 2 == 0 { k } else { n - 1 - k };
+            each[k].send(req.as_bytes()).await;
         }
         answers.push(tokio::spawn(async move {
             let mut statuses = Vec::new();
