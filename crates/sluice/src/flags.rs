@@ -39,6 +39,18 @@ pub(crate) struct StoreFlag {
         env = "SLUICE_STORE"
     )]
     pub(crate) choice: Option<String>,
+    /// How long each call to a Redis or PostgreSQL store may take before
+    /// it counts as failed (and each rule's `on_store_error` applies),
+    /// e.g. `200ms`; over the policy's `timeout_ms`. The memory store has
+    /// none.
+    #[arg(
+        id = "store-timeout",
+        long = "store-timeout",
+        value_name = "DURATION",
+        env = "SLUICE_STORE_TIMEOUT",
+        value_parser = crate::duration::parse,
+    )]
+    pub(crate) timeout: Option<std::time::Duration>,
 }
 
 /// `--threads`: how many threads a server, or a benchmark's client, runs

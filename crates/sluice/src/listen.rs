@@ -4,6 +4,7 @@
 //! told to stop. The gRPC server takes its connections from the same
 //! [`Listener`], so the cap and the deadline hold there too.
 
+mod closing;
 mod connections;
 pub(crate) mod timer;
 
@@ -11,10 +12,11 @@ use std::convert::Infallible;
 use std::error::Error as StdError;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::Args;
-use futures_util::Stream;
+use futures_util::{FutureExt, Stream};
 use http::{Request, Response};
 use hyper::body::{Body, Incoming};
 use hyper::service::Service;
@@ -23,6 +25,7 @@ use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::{TcpListener, TcpSocket, TcpStream};
 
+use self::closing::Closing;
 use self::connections::{Connections, Tracked};
 use self::timer::ConnectionTimer;
 
@@ -277,10 +280,36 @@ impl Drain {
     }
 }
 
+/// How long a stopping listener goes on accepting the connections whose
+/// handshakes were under way when it stopped taking new ones: a round trip
+/// or two, with room for a busy machine.
+const SETTLE: Duration = Duration::from_millis(50);
+
+/// How long, at most, a stopping server waits for the clients of the
+/// connections it accepted to send their requests, before it closes those
+/// that have sent nothing (never beyond `--shutdown-timeout`).
+const FIRST_REQUEST_GRACE: Duration = Duration::from_secs(1);
+
 /// Serves every connection accepted on `listener` with the service
 /// `service` makes for its peer, until `stop` completes; then stops
-/// accepting, closes idle connections, and returns once the requests in
+/// accepting, answers what it accepted, and returns once the requests in
 /// flight have been answered or the shutdown timeout has passed.
+///
+/// No connection a client saw established is closed with its request
+/// unread, so that a client or balancer may send a refused connect
+/// elsewhere and needs to retry nothing else. In order:
+/// - new connects are no longer answered (on Linux: a filter on the socket
+///   drops their SYNs, and the client's retransmission a second later
+///   finds the port closed and is refused);
+/// - connections whose handshake was under way are accepted for
+///   [`SETTLE`], then those left in the listen queue; then the socket is
+///   closed (where the kernel would reset the queue's connections);
+/// - connections whose client has sent nothing yet get up to
+///   [`FIRST_REQUEST_GRACE`] to send it: hyper closes a connection that has
+///   read nothing at once when told to shut down;
+/// - from the stop on, HTTP/1 answers say `connection: close`; once the
+///   clients have been heard from, every connection finishes the request
+///   it has and closes (HTTP/2 sends GOAWAY), until the shutdown timeout.
 pub(crate) async fn serve_connections<S, B>(
     listener: Listener,
     service: impl Fn(SocketAddr) -> S,
@@ -296,18 +325,20 @@ pub(crate) async fn serve_connections<S, B>(
     let mut builder = auto::Builder::new(TokioExecutor::new());
     builder.http1().header_read_timeout(HEADER_READ_TIMEOUT);
     let graceful = GracefulShutdown::new();
-    tokio::pin!(stop);
-    loop {
-        let (stream, peer) = tokio::select! {
-            () = &mut stop => break,
-            accepted = listener.accept() => accepted,
-        };
+    let stopping = Arc::new(AtomicBool::new(false));
+    let serve = |(stream, peer): (Tracked<TcpStream>, SocketAddr)| {
         // Each connection's wait for a request head reuses the last one's
         // timer (see `timer`).
         let mut per_connection = builder.clone();
         per_connection.http1().timer(ConnectionTimer::new());
         let conn = per_connection
-            .serve_connection_with_upgrades(TokioIo::new(stream), service(peer))
+            .serve_connection_with_upgrades(
+                TokioIo::new(stream),
+                Closing {
+                    inner: service(peer),
+                    stopping: Arc::clone(&stopping),
+                },
+            )
             .into_owned();
         let conn = graceful.watch(conn);
         tokio::spawn(async move {
@@ -316,10 +347,67 @@ pub(crate) async fn serve_connections<S, B>(
                 tracing::debug!(%peer, error = %e, "connection ended with an error");
             }
         });
+    };
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            () = &mut stop => break,
+            accepted = listener.accept() => serve(accepted),
+        }
+    }
+    let stopped = tokio::time::Instant::now();
+    stopping.store(true, Ordering::Relaxed);
+    if let Err(e) = refuse_connects(&listener.tcp) {
+        tracing::warn!(error = %e, "cannot stop answering connects before closing the listener");
+    }
+    let settled = tokio::time::sleep(SETTLE);
+    tokio::pin!(settled);
+    loop {
+        tokio::select! {
+            () = &mut settled => break,
+            accepted = listener.accept() => serve(accepted),
+        }
+    }
+    while let Some(accepted) = listener.accept().now_or_never() {
+        serve(accepted);
     }
     let Listener { tcp, drain } = listener;
     drop(tcp);
-    drain.finish(graceful.shutdown()).await;
+    let grace = drain.within.saturating_sub(stopped.elapsed());
+    let _ = tokio::time::timeout(
+        grace.min(FIRST_REQUEST_GRACE),
+        drain.connections.heard_from_all(),
+    )
+    .await;
+    let within = drain.within.saturating_sub(stopped.elapsed());
+    Drain { within, ..drain }.finish(graceful.shutdown()).await;
+}
+
+/// Makes the kernel stop answering connects to `tcp` while it still
+/// listens: a socket filter that drops every SYN. Handshakes already under
+/// way complete, and their connections wait to be accepted.
+#[cfg(any(target_os = "linux", target_os = "android"))]
+fn refuse_connects(tcp: &TcpListener) -> std::io::Result<()> {
+    use socket2::{SockFilter, SockRef};
+    // Classic BPF as the kernel runs it on a TCP socket's packets, which
+    // start at the TCP header: byte 13 holds the flags, 0x02 is SYN.
+    const LD_B_ABS: u16 = 0x30; // BPF_LD | BPF_B | BPF_ABS
+    const JSET_K: u16 = 0x45; // BPF_JMP | BPF_JSET | BPF_K
+    const RET_K: u16 = 0x06; // BPF_RET | BPF_K
+    let program = [
+        SockFilter::new(LD_B_ABS, 0, 0, 13),
+        SockFilter::new(JSET_K, 0, 1, 0x02),
+        SockFilter::new(RET_K, 0, 0, 0),
+        SockFilter::new(RET_K, 0, 0, u32::MAX),
+    ];
+    SockRef::from(tcp).attach_filter(&program)
+}
+
+/// Elsewhere connects are answered until the socket closes, and those
+/// that complete in the last moment are reset.
+#[cfg(not(any(target_os = "linux", target_os = "android")))]
+fn refuse_connects(_: &TcpListener) -> std::io::Result<()> {
+    Ok(())
 }
 
 #[cfg(test)]
@@ -446,6 +534,113 @@ mod tests {
             (HEADER_READ_TIMEOUT..HEADER_READ_TIMEOUT * 2).contains(&waited),
             "closed after {waited:?}"
         );
+    }
+
+    /// A service answering every request with "ok".
+    fn ok(
+        _: SocketAddr,
+    ) -> impl Service<
+        Request<Incoming>,
+        Response = Response<http_body_util::Full<bytes::Bytes>>,
+        Error = Infallible,
+        Future = impl Send,
+    > + Send
+    + 'static {
+        hyper::service::service_fn(|_: Request<Incoming>| async {
+            Ok::<_, Infallible>(Response::new(http_body_util::Full::new(
+                bytes::Bytes::from_static(b"ok"),
+            )))
+        })
+    }
+
+    /// Sends a request on `client`.
+    async fn ask(client: &mut TcpStream) {
+        use tokio::io::AsyncWriteExt;
+        client
+            .write_all(b"GET / HTTP/1.1\r\nHost: a\r\n\r\n")
+            .await
+            .expect("write");
+    }
+
+    /// The answer on `client`, read to the close.
+    async fn answer(client: &mut TcpStream) -> String {
+        use tokio::io::AsyncReadExt;
+        let mut answer = Vec::new();
+        let read = tokio::time::timeout(Duration::from_secs(10), client.read_to_end(&mut answer));
+        match read.await {
+            Ok(Ok(_)) => String::from_utf8_lossy(&answer).into_owned(),
+            Ok(Err(e)) => format!("failed: {e}"),
+            Err(_) => "no answer in 10 s".to_owned(),
+        }
+    }
+
+    /// Connections whose handshakes completed before the server stopped
+    /// wait in the listen queue, where closing the socket would reset them:
+    /// a stopping server accepts and answers every one.
+    #[tokio::test]
+    async fn a_stopping_server_answers_the_connections_waiting_in_its_listen_queue() {
+        let tcp = bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let addr = tcp.local_addr().expect("address");
+        let mut queued = Vec::new();
+        for _ in 0..32 {
+            let mut client = TcpStream::connect(addr).await.expect("connect");
+            ask(&mut client).await;
+            queued.push(client);
+        }
+        let listener = Listener::new(tcp, "test", &Limits::default());
+        // Told to stop before it has accepted anything.
+        let server = tokio::spawn(serve_connections(listener, ok, std::future::ready(())));
+        for (i, client) in queued.iter_mut().enumerate() {
+            let answer = answer(client).await;
+            assert!(
+                answer.starts_with("HTTP/1.1 200") && answer.ends_with("ok"),
+                "connection {i}: {answer}"
+            );
+        }
+        server.await.expect("the server");
+    }
+
+    /// A client that connected before the stop and sends its request just
+    /// after it is answered, where hyper alone would close the connection
+    /// unread; meanwhile a new connect is not answered, and once the
+    /// socket is closed it is refused, which a client may send elsewhere.
+    #[tokio::test]
+    async fn a_stopping_server_answers_a_request_sent_after_the_stop_on_a_connection_it_accepted() {
+        let tcp = bind("127.0.0.1:0".parse().expect("address")).expect("bind");
+        let addr = tcp.local_addr().expect("address");
+        let listener = Listener::new(tcp, "test", &Limits::default());
+        let table = Arc::clone(&listener.drain.connections);
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let server = tokio::spawn(serve_connections(listener, ok, async {
+            let _ = stopped.await;
+        }));
+        let mut silent = TcpStream::connect(addr).await.expect("connect");
+        while table.len() == 0 {
+            tokio::task::yield_now().await;
+        }
+
+        stop.send(()).expect("the server is running");
+        let mut late = tokio::spawn(TcpStream::connect(addr));
+        let answered = tokio::time::timeout(Duration::from_millis(300), &mut late).await;
+        assert!(
+            answered.is_err(),
+            "a connect after the stop was answered: {answered:?}"
+        );
+
+        ask(&mut silent).await;
+        let answer = answer(&mut silent).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+        assert!(answer.contains("connection: close"), "{answer}");
+        // The SYN retransmitted after a second finds the socket closed.
+        let late = tokio::time::timeout(Duration::from_secs(10), late)
+            .await
+            .expect("the late connect to end")
+            .expect("the connect task");
+        assert_eq!(
+            late.map_err(|e| e.kind()).err(),
+            Some(std::io::ErrorKind::ConnectionRefused)
+        );
+        server.await.expect("the server");
     }
 
     #[test]

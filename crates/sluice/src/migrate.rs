@@ -41,7 +41,7 @@ pub(crate) fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
     };
     let memory = StoreConfig::default();
     let configured = policy.as_ref().map_or(&memory, Policy::store);
-    let choice = Choice::of(args.store.choice.as_deref(), configured)?;
+    let choice = Choice::of(args.store.choice.as_deref(), args.store.timeout, configured)?;
     let Some(config) = choice.postgres() else {
         writeln!(
             std::io::stdout().lock(),

@@ -10,13 +10,14 @@
 use std::io;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Instant;
 
 use futures_util::task::AtomicWaker;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio::sync::Notify;
 
 /// How many connections are compared to pick the one to close, as Redis
 /// samples keys to evict: the least active of a random few is nearly as
@@ -37,6 +38,10 @@ pub(crate) struct Connections {
     /// Unordered, so that removing one is a swap; each connection knows its
     /// index.
     open: Mutex<Vec<Arc<Conn>>>,
+    /// Open connections whose client has sent nothing yet, and the tasks
+    /// waiting for there to be none (see [`Connections::heard_from_all`]).
+    silent: AtomicUsize,
+    none_silent: Notify,
 }
 
 /// What a connection's socket and its table share.
@@ -46,6 +51,8 @@ struct Conn {
     /// nothing about whether a client is alive, and a client that reads
     /// slowly on purpose must not look busy.
     last_read: AtomicU64,
+    /// Whether the client has sent anything yet.
+    heard: AtomicBool,
     /// Why the connection was closed from outside, as a [`Closed`], or
     /// [`OPEN`].
     closed: AtomicU8,
@@ -115,6 +122,8 @@ impl Connections {
             max: max.max(1),
             epoch: Instant::now(),
             open: Mutex::new(Vec::with_capacity(max.min(1024))),
+            silent: AtomicUsize::new(0),
+            none_silent: Notify::new(),
         })
     }
 
@@ -128,6 +137,7 @@ impl Connections {
     pub(crate) fn admit<T>(self: &Arc<Self>, io: T) -> Tracked<T> {
         let conn = Arc::new(Conn {
             last_read: AtomicU64::new(self.now()),
+            heard: AtomicBool::new(false),
             closed: AtomicU8::new(OPEN),
             slot: AtomicUsize::new(GONE),
             reader: AtomicWaker::new(),
@@ -142,6 +152,7 @@ impl Connections {
             metrics::counter!("sluice_connections_shed_total", "listener" => self.listener)
                 .increment(1);
         }
+        self.silent.fetch_add(1, Ordering::SeqCst);
         conn.slot.store(open.len(), Ordering::Relaxed);
         open.push(Arc::clone(&conn));
         self.publish(open.len());
@@ -151,6 +162,31 @@ impl Connections {
             conn,
             connections: Arc::clone(self),
             copy_writes: false,
+        }
+    }
+
+    /// Completes once every connection's client has sent something (or
+    /// gone): once each has had its request read, a graceful shutdown can
+    /// answer it before closing, where one that has read nothing would
+    /// close the connection with the request unread in it.
+    pub(crate) async fn heard_from_all(&self) {
+        loop {
+            // Made before the count is read, so that a change in between
+            // wakes it.
+            let changed = self.none_silent.notified();
+            if self.silent.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Marks `conn` as no longer silent: it sent something, or is gone.
+    fn heard(&self, conn: &Conn) {
+        if !conn.heard.swap(true, Ordering::SeqCst)
+            && self.silent.fetch_sub(1, Ordering::SeqCst) == 1
+        {
+            self.none_silent.notify_waiters();
         }
     }
 
@@ -220,6 +256,7 @@ pub(crate) struct Tracked<T> {
 
 impl<T> Drop for Tracked<T> {
     fn drop(&mut self) {
+        self.connections.heard(&self.conn);
         self.connections.forget(&self.conn);
     }
 }
@@ -238,6 +275,9 @@ impl<T: AsyncRead + Unpin> AsyncRead for Tracked<T> {
                 if buf.filled().len() > before {
                     let now = this.connections.now();
                     this.conn.last_read.store(now, Ordering::Relaxed);
+                    if !this.conn.heard.load(Ordering::Relaxed) {
+                        this.connections.heard(&this.conn);
+                    }
                 }
                 Poll::Ready(Ok(()))
             }
@@ -435,6 +475,7 @@ mod tests {
             .map(|i| {
                 Arc::new(Conn {
                     last_read: AtomicU64::new(i),
+                    heard: AtomicBool::new(true),
                     closed: AtomicU8::new(OPEN),
                     slot: AtomicUsize::new(GONE),
                     reader: AtomicWaker::new(),

@@ -73,7 +73,7 @@ impl Loaded {
                 None
             }
         };
-        let choice = Choice::of(store.choice.as_deref(), policy.store())?;
+        let choice = Choice::of(store.choice.as_deref(), store.timeout, policy.store())?;
         let name = choice.to_string();
         tracing::info!(store = %name, "the store in use");
         let opened = AnyStore::open_choice(&choice)?;

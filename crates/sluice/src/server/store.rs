@@ -41,8 +41,13 @@ enum Kind<'a> {
 }
 
 impl<'a> Choice<'a> {
-    /// What `flag`, when given, or else `policy` chooses.
-    pub(crate) fn of(flag: Option<&'a str>, policy: &'a StoreConfig) -> anyhow::Result<Self> {
+    /// What `flag`, when given, or else `policy` chooses; `timeout`, when
+    /// given, over the timeout the policy gives its store.
+    pub(crate) fn of(
+        flag: Option<&'a str>,
+        timeout: Option<Duration>,
+        policy: &'a StoreConfig,
+    ) -> anyhow::Result<Self> {
         let postgres =
             |url: &str| url.starts_with("postgres://") || url.starts_with("postgresql://");
         let kind = match flag {
@@ -70,6 +75,14 @@ impl<'a> Choice<'a> {
                 _ => anyhow::bail!("the policy names a store this build cannot open"),
             },
         };
+        let kind = match (kind, timeout) {
+            (kind, None) => kind,
+            (Kind::Memory(_), Some(_)) => {
+                anyhow::bail!("--store-timeout is for a Redis or PostgreSQL store; memory has none")
+            }
+            (Kind::Redis(url, _), Some(t)) => Kind::Redis(url, Some(t)),
+            (Kind::Postgres(config), Some(t)) => Kind::Postgres(Box::new(config.with_timeout(t))),
+        };
         Ok(Choice {
             kind,
             by_flag: flag.is_some(),
@@ -92,8 +105,15 @@ impl fmt::Display for Choice<'_> {
         match self.kind {
             Kind::Memory(None) => f.write_str("memory")?,
             Kind::Memory(Some(max)) => write!(f, "memory, at most {max} keys")?,
-            Kind::Redis(url, _) => f.write_str(&sluice_redis::mask_password(url))?,
-            Kind::Postgres(ref config) => write!(f, "{config}")?,
+            Kind::Redis(url, None) => f.write_str(&sluice_redis::mask_password(url))?,
+            Kind::Redis(url, Some(t)) => write!(
+                f,
+                "{}, calls time out after {t:?}",
+                sluice_redis::mask_password(url)
+            )?,
+            Kind::Postgres(ref config) => {
+                write!(f, "{config}, calls time out after {:?}", config.timeout())?;
+            }
         }
         if self.by_flag {
             f.write_str(" (from --store)")?;
@@ -106,7 +126,7 @@ impl AnyStore<SystemClock> {
     /// Opens the store that `--store` (when given) or the policy names.
     /// A Redis store opens even while Redis is down; `/readyz` says so.
     pub fn open(flag: Option<&str>, policy: &StoreConfig) -> anyhow::Result<Self> {
-        Self::open_choice(&Choice::of(flag, policy)?)
+        Self::open_choice(&Choice::of(flag, None, policy)?)
     }
 
     /// Opens the store `choice` names.
@@ -286,5 +306,42 @@ mod tests {
         let hits: [RuleHit<'_>; 0] = [];
         let decide = size_of_val(&enforcer.decide(&hits));
         assert!(decide <= 768, "{decide} bytes");
+    }
+
+    #[test]
+    fn the_store_timeout_flag_overrides_the_policys_and_is_refused_for_memory() {
+        let policy = StoreConfig::Redis {
+            url: "redis://:secret@db:6379".into(),
+            timeout: Some(Duration::from_millis(50)),
+        };
+        let choice = Choice::of(None, Some(Duration::from_secs(2)), &policy).unwrap();
+        assert_eq!(
+            choice.to_string(),
+            "redis://:***@db:6379, calls time out after 2s"
+        );
+        let choice = Choice::of(
+            Some("redis://db"),
+            Some(Duration::from_millis(300)),
+            &policy,
+        );
+        assert!(matches!(
+            choice.unwrap().kind,
+            Kind::Redis("redis://db", Some(t)) if t == Duration::from_millis(300)
+        ));
+        let pg = Choice::of(
+            Some("postgres://u@db/d"),
+            Some(Duration::from_secs(1)),
+            &policy,
+        );
+        assert_eq!(
+            pg.unwrap().postgres().unwrap().timeout(),
+            Duration::from_secs(1)
+        );
+        let memory = StoreConfig::Memory { max_keys: None };
+        let refused = Choice::of(None, Some(Duration::from_secs(1)), &memory)
+            .err()
+            .unwrap();
+        assert!(refused.to_string().contains("memory has none"), "{refused}");
+        assert!(Choice::of(Some("memory"), Some(Duration::from_secs(1)), &policy).is_err());
     }
 }
