@@ -671,6 +671,27 @@ impl Algorithm {
         }
     }
 
+    /// The window a limit's quota is stated over, in seconds: the `w` of
+    /// the RateLimit-Policy header. A token bucket's is the time it takes to
+    /// refill from empty; a window's, its period (a calendar window's, the
+    /// nominal length of its unit). Concurrency counts calls in flight over
+    /// no window: 0.
+    ///
+    /// ```
+    /// use sluice_core::{Algorithm, FixedWindow, Nanos, TokenBucket};
+    /// let tb = Algorithm::from(TokenBucket::new(10.0, 50.0).unwrap());
+    /// assert_eq!(tb.quota_window(), 5.0);
+    /// let fw = Algorithm::from(FixedWindow::new(100.0, Nanos::from_secs_f64(60.0).unwrap()).unwrap());
+    /// assert_eq!(fw.quota_window(), 60.0);
+    /// ```
+    pub fn quota_window(&self) -> f64 {
+        match self {
+            // `rate` is per second.
+            Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
+            windowed => windowed.window().map_or(0.0, Nanos::as_secs_f64),
+        }
+    }
+
     /// The fixed window of the same rate, period and start: how the
     /// two-number functions of [`crate::algorithm`] read a sliding
     /// algorithm, whose state they cannot hold.

@@ -54,7 +54,7 @@ pub struct RuleActivity {
     /// The rule's or named limit's name.
     pub rule: String,
     /// Enforced or shadow: a reload can move a rule between them.
-    pub mode: Enforcement,
+    pub enforcement: Enforcement,
     /// Requests or calls it admitted (or would have, in shadow mode).
     pub allowed: u64,
     /// Requests or calls it denied (or would have).

@@ -45,7 +45,7 @@ mod verdict;
 mod verified;
 
 pub use activity::{Activity, LATENCY_BUCKETS, RuleActivity, StoreActivity};
-pub use enforcer::{Enforcer, NotReady, quota_window};
+pub use enforcer::{Enforcer, NotReady};
 pub use inline::{DEFAULT_MAX_INLINE_LIMITS, InlineError, MAX_INLINE_NAME};
 pub use reservation::{Reservation, Reserved};
 pub use slots::{Held, HeldLeases};

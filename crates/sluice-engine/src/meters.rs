@@ -18,8 +18,8 @@ use crate::top_keys::TopKeys;
 
 /// A decision's place among a rule's four series: allowed and denied when
 /// enforced, then allowed and denied in shadow mode.
-fn series(mode: Enforcement, allowed: bool) -> usize {
-    usize::from(!allowed) + 2 * usize::from(mode == Enforcement::Shadow)
+fn series(enforcement: Enforcement, allowed: bool) -> usize {
+    usize::from(!allowed) + 2 * usize::from(enforcement == Enforcement::Shadow)
 }
 
 /// One rule's or named limit's decisions.
@@ -98,8 +98,8 @@ fn decision_counter(rule: &str, i: usize) -> Counter {
 impl Meters {
     /// Counts a decision of `rule` on `key`; a denial also counts towards
     /// the key's place among the most denied, when those are kept.
-    pub(crate) fn count(&self, rule: &str, mode: Enforcement, allowed: bool, key: &str) {
-        let i = series(mode, allowed);
+    pub(crate) fn count(&self, rule: &str, enforcement: Enforcement, allowed: bool, key: &str) {
+        let i = series(enforcement, allowed);
         let bump = |m: &RuleMeters| {
             m.counters[i]
                 .get_or_init(|| decision_counter(rule, i))
@@ -107,7 +107,7 @@ impl Meters {
             m.tally[i].fetch_add(1, Ordering::Relaxed);
         };
         if !allowed && let Some(top) = self.top_keys.get() {
-            top.record(rule, mode, key);
+            top.record(rule, enforcement, key);
         }
         if let Ok(m) = self.decisions.read()
             && let Some(m) = m.get(rule)
@@ -149,11 +149,11 @@ impl Meters {
                     let n = |i: usize| m.tally[i].load(Ordering::Relaxed);
                     [Enforcement::Enforce, Enforcement::Shadow]
                         .into_iter()
-                        .map(move |mode| RuleActivity {
+                        .map(move |enforcement| RuleActivity {
                             rule: rule.to_string(),
-                            mode,
-                            allowed: n(series(mode, true)),
-                            denied: n(series(mode, false)),
+                            enforcement,
+                            allowed: n(series(enforcement, true)),
+                            denied: n(series(enforcement, false)),
                         })
                         .filter(|r| r.allowed + r.denied > 0)
                 })

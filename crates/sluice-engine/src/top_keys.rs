@@ -35,7 +35,7 @@ pub struct TopKey {
     /// The rule or named limit that denied it.
     pub rule: String,
     /// Whether the rule enforced the denial or only reported it.
-    pub mode: Enforcement,
+    pub enforcement: Enforcement,
     /// The key, cut to [`MAX_KEY_BYTES`].
     pub key: String,
     /// Denials counted over the minutes kept: at least the true number,
@@ -48,10 +48,10 @@ pub struct TopKey {
 
 #[derive(Debug)]
 struct Counter {
-    /// The hash of (rule, mode, key), which stands for them in the table.
+    /// The hash of (rule, enforcement, key), which stands for them in the table.
     hash: u64,
     rule: String,
-    mode: Enforcement,
+    enforcement: Enforcement,
     key: String,
     count: u64,
     overcount: u64,
@@ -105,12 +105,12 @@ impl TopKeys {
     /// The most counters the summary ever holds, over all minutes.
     pub const CAPACITY: usize = STRIPES * PER_STRIPE * MINUTES;
 
-    /// Counts one denial of `key` by `rule` in `mode`; keys longer than
+    /// Counts one denial of `key` by `rule` in `enforcement`; keys longer than
     /// [`MAX_KEY_BYTES`] are counted by their first bytes. Never waits: a
     /// denial that finds its stripe busy is left out.
-    pub fn record(&self, rule: &str, mode: Enforcement, key: &str) {
+    pub fn record(&self, rule: &str, enforcement: Enforcement, key: &str) {
         let key = cut(key);
-        let hash = self.hasher.hash_one((rule, mode, key));
+        let hash = self.hasher.hash_one((rule, enforcement, key));
         // The high bits pick the stripe, and the table compares the whole
         // hash.
         let stripe = (hash >> 60) as usize % STRIPES;
@@ -126,7 +126,7 @@ impl TopKeys {
             table.push(Counter {
                 hash,
                 rule: rule.to_owned(),
-                mode,
+                enforcement,
                 key: key.to_owned(),
                 count: 1,
                 overcount: 0,
@@ -140,7 +140,7 @@ impl TopKeys {
         c.hash = hash;
         c.rule.clear();
         c.rule.push_str(rule);
-        c.mode = mode;
+        c.enforcement = enforcement;
         c.key.clear();
         c.key.push_str(key);
         c.overcount = c.count;
@@ -172,7 +172,7 @@ impl TopKeys {
                 for c in table {
                     let e = merged.entry(c.hash).or_insert_with(|| TopKey {
                         rule: c.rule.clone(),
-                        mode: c.mode,
+                        enforcement: c.enforcement,
                         key: c.key.clone(),
                         denied: 0,
                         overcount: 0,
@@ -184,10 +184,10 @@ impl TopKeys {
         }
         let mut all: Vec<TopKey> = merged.into_values().collect();
         all.sort_unstable_by(|a, b| {
-            (b.denied, &a.rule, a.mode.as_str(), &a.key).cmp(&(
+            (b.denied, &a.rule, a.enforcement.as_str(), &a.key).cmp(&(
                 a.denied,
                 &b.rule,
-                b.mode.as_str(),
+                b.enforcement.as_str(),
                 &b.key,
             ))
         });
@@ -279,7 +279,7 @@ mod tests {
         let got: Vec<(String, Enforcement, u64)> = top
             .top(5)
             .into_iter()
-            .map(|t| (t.rule, t.mode, t.denied))
+            .map(|t| (t.rule, t.enforcement, t.denied))
             .collect();
         assert_eq!(
             got,

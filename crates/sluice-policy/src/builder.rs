@@ -7,9 +7,9 @@ use std::time::Duration;
 use serde_json::{Map, Value, json};
 use sluice_core::OnStoreError;
 
-use crate::client_ip::ForwardingHeader;
 use crate::condition::Condition;
 use crate::error::PolicyError;
+use crate::identity::client_ip::ForwardingHeader;
 use crate::keys::LimitKey;
 use crate::policy::{Policy, Rule};
 use crate::settings::{Enforcement, OnMissing};
@@ -190,12 +190,12 @@ impl Rule {
     ///             .key(LimitKey::Header("x-tenant".into()))
     ///             .fixed_window(1000.0, Duration::from_secs(60))
     ///             .on_missing(OnMissing::Deny)
-    ///             .mode(Enforcement::Shadow),
+    ///             .enforcement(Enforcement::Shadow),
     ///     )
     ///     .build()
     ///     .unwrap();
     /// let rule = &p.rules()[0];
-    /// assert_eq!((rule.mode(), rule.on_missing()), (Enforcement::Shadow, OnMissing::Deny));
+    /// assert_eq!((rule.enforcement(), rule.on_missing()), (Enforcement::Shadow, OnMissing::Deny));
     /// assert_eq!(rule.limit().algorithm().capacity(), 1000.0);
     /// ```
     pub fn builder(name: impl Into<String>) -> RuleBuilder {
@@ -288,8 +288,9 @@ impl RuleBuilder {
 
     /// Whether the rule denies or only reports (`mode`).
     #[must_use]
-    pub fn mode(mut self, mode: Enforcement) -> Self {
-        self.doc.insert("mode".into(), Value::from(mode.as_str()));
+    pub fn enforcement(mut self, enforcement: Enforcement) -> Self {
+        self.doc
+            .insert("mode".into(), Value::from(enforcement.as_str()));
         self
     }
 

@@ -13,10 +13,10 @@ use sluice_core::{
     SlidingLog, SlidingWindow, TokenBucket,
 };
 
-use crate::client_ip::{ForwardingHeader, TrustedProxies};
 use crate::condition::Condition;
 use crate::error::{Invalid, Pos, at};
-use crate::jwt::JwtVerifier;
+use crate::identity::client_ip::{ForwardingHeader, TrustedProxies};
+use crate::identity::jwt::JwtVerifier;
 use crate::keys::{Cost, CostSource, LimitKey};
 use crate::penalty::Penalty;
 use crate::policy::{NamedLimit, Policy, Rule, StoreConfig};
@@ -94,7 +94,7 @@ pub(crate) fn compile(raw: RawPolicy, file: &Path) -> Result<(Policy, Vec<Invali
         policy.limit_index.insert(name.value, policy.limits.len());
         policy.limits.push(NamedLimit {
             limit: built,
-            mode: limit.value.mode.unwrap_or_default(),
+            enforcement: limit.value.mode.unwrap_or_default(),
             on_store_error: limit.value.on_store_error.unwrap_or(policy.on_store_error),
             penalty,
         });
@@ -247,7 +247,7 @@ fn compile_rule(r: RawRule, policy: &Policy, warnings: &mut Vec<Invalid>) -> Res
         keys,
         conditions,
         cost,
-        mode: r.mode.unwrap_or_default(),
+        enforcement: r.mode.unwrap_or_default(),
         on_store_error: r.on_store_error.unwrap_or(policy.on_store_error),
         on_missing: r.on_missing.unwrap_or_default(),
         ipv6_prefix: policy.ipv6_prefix,
@@ -355,7 +355,7 @@ fn delay(
 /// catch-all rule on the same keys, neither in a group. Both apply to the
 /// first rule's requests, so the catch-all's smaller limit caps them too.
 fn warn_of_ungrouped_tiers(rules: &[Rule], named_at: &[Pos], warnings: &mut Vec<Invalid>) {
-    let loose = |r: &Rule| r.group.is_none() && r.mode == crate::Enforcement::Enforce;
+    let loose = |r: &Rule| r.group.is_none() && r.enforcement == crate::Enforcement::Enforce;
     for (j, catch_all) in rules.iter().enumerate() {
         if !loose(catch_all) || !catch_all.conditions.is_empty() {
             continue;

@@ -23,13 +23,12 @@
 //! ```
 
 mod builder;
-mod client_ip;
 mod compile;
 mod condition;
 mod error;
 mod files;
+mod identity;
 mod inline;
-mod jwt;
 mod keys;
 mod load;
 mod matching;
@@ -41,11 +40,11 @@ mod secs;
 mod settings;
 
 pub use builder::{PolicyBuilder, RuleBuilder};
-pub use client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
 pub use condition::Condition;
 pub use error::{PolicyError, PolicyWarning};
 pub use files::{MAX_KEY_FILE_BYTES, MAX_POLICY_BYTES, read_capped};
-pub use jwt::{Claims, JwtVerifier, bearer_token};
+pub use identity::client_ip::{ForwardingHeader, TrustedProxies, TrustedProxiesError};
+pub use identity::jwt::{Claims, JwtVerifier, bearer_token};
 pub use keys::{
     Cost, CostSource, DEFAULT_IPV6_PREFIX, LimitKey, decode_key, encode_key, readable_key,
 };

@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use sluice_core::{Limit, OnStoreError};
 
-use crate::client_ip::TrustedProxies;
 use crate::condition::Condition;
 use crate::error::PolicyWarning;
-use crate::jwt::JwtVerifier;
+use crate::identity::client_ip::TrustedProxies;
+use crate::identity::jwt::JwtVerifier;
 use crate::keys::{Cost, DEFAULT_IPV6_PREFIX, LimitKey, push_missing};
 use crate::penalty::Penalty;
 use crate::request::Request;
@@ -69,13 +69,13 @@ impl Default for StoreConfig {
 ///     "p.yaml",
 /// ).unwrap();
 /// let named = &p.limits()[0];
-/// assert_eq!((named.name(), named.mode()), ("sendMessage", Enforcement::Enforce));
+/// assert_eq!((named.name(), named.enforcement()), ("sendMessage", Enforcement::Enforce));
 /// assert_eq!(named.limit().algorithm().capacity(), 20.0);
 /// ```
 #[derive(Debug, Clone)]
 pub struct NamedLimit {
     pub(crate) limit: Limit,
-    pub(crate) mode: Enforcement,
+    pub(crate) enforcement: Enforcement,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) penalty: Option<Penalty>,
 }
@@ -108,10 +108,10 @@ impl NamedLimit {
     /// ```
     /// # use sluice_policy::{Enforcement, Policy};
     /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}, mode: shadow}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].mode(), Enforcement::Shadow);
+    /// assert_eq!(p.limits()[0].enforcement(), Enforcement::Shadow);
     /// ```
-    pub fn mode(&self) -> Enforcement {
-        self.mode
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
     }
 
     /// What a call gets when the store fails: the limit's own
@@ -158,7 +158,7 @@ impl NamedLimit {
 /// assert_eq!(rule.name(), "per-ip");
 /// assert_eq!(rule.limit().name(), "per-ip");
 /// assert_eq!(rule.limit_keys(), &[LimitKey::IpAddress]);
-/// assert_eq!((rule.mode(), rule.on_store_error()), (Enforcement::Shadow, OnStoreError::Closed));
+/// assert_eq!((rule.enforcement(), rule.on_store_error()), (Enforcement::Shadow, OnStoreError::Closed));
 /// ```
 #[derive(Debug, Clone)]
 pub struct Rule {
@@ -166,7 +166,7 @@ pub struct Rule {
     pub(crate) keys: Vec<LimitKey>,
     pub(crate) conditions: Vec<Condition>,
     pub(crate) cost: Cost,
-    pub(crate) mode: Enforcement,
+    pub(crate) enforcement: Enforcement,
     pub(crate) on_store_error: OnStoreError,
     pub(crate) on_missing: OnMissing,
     /// The policy's `ipv6_prefix`: how `ip:address` groups IPv6 clients.
@@ -240,10 +240,10 @@ impl Rule {
     /// ```
     /// # use sluice_policy::{Enforcement, Policy};
     /// # let p = Policy::from_str("rules: [{name: r, limit_keys: [], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
-    /// assert_eq!(p.rules()[0].mode(), Enforcement::Enforce);
+    /// assert_eq!(p.rules()[0].enforcement(), Enforcement::Enforce);
     /// ```
-    pub fn mode(&self) -> Enforcement {
-        self.mode
+    pub fn enforcement(&self) -> Enforcement {
+        self.enforcement
     }
 
     /// How long a key this rule denies stays denied, if it says.

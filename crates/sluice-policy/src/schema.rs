@@ -9,7 +9,7 @@ use serde::Deserialize;
 use serde::de::{self, MapAccess, SeqAccess, Visitor};
 use serde_saphyr::Spanned;
 
-use crate::jwt::RawJwt;
+use crate::identity::jwt::RawJwt;
 use sluice_core::OnStoreError;
 
 use crate::secs::Secs;

@@ -43,7 +43,7 @@ fn built() -> Policy {
                 .key(LimitKey::Path)
                 .when(Condition::PathPrefix("/api/".into()))
                 .when(Condition::Method("POST".into()))
-                .mode(Enforcement::Shadow)
+                .enforcement(Enforcement::Shadow)
                 .on_missing(OnMissing::Deny)
                 .on_store_error(OnStoreError::Open)
                 .fixed_window(1000.0, Duration::from_secs(60)),

@@ -32,7 +32,7 @@ fn summary(p: &Policy) -> String {
                 l.name(),
                 *l.limit().algorithm(),
                 l.limit().shards(),
-                l.mode(),
+                l.enforcement(),
                 l.penalty().map(|p| p.duration()),
             )
         })
@@ -42,7 +42,7 @@ fn summary(p: &Policy) -> String {
         .iter()
         .map(|r| {
             let l = r.limit();
-            let parts = (r.limit_keys(), r.conditions(), r.cost(), r.mode());
+            let parts = (r.limit_keys(), r.conditions(), r.cost(), r.enforcement());
             (
                 r.name(),
                 *l.algorithm(),
@@ -168,12 +168,12 @@ fn example_policy_file_parses() {
         (fw.period(), fw.start()),
         (Nanos(3600 * Nanos::PER_SEC), Some(Nanos(0)))
     );
-    assert_eq!(p.rules()[3].mode(), Enforcement::Shadow);
+    assert_eq!(p.rules()[3].enforcement(), Enforcement::Shadow);
     assert_eq!(
         p.rules()[3].penalty().map(|p| p.duration()),
         Some(Nanos(300 * Nanos::PER_SEC))
     );
-    assert_eq!(p.rules()[0].mode(), Enforcement::Enforce);
+    assert_eq!(p.rules()[0].enforcement(), Enforcement::Enforce);
 }
 
 #[test]

@@ -46,21 +46,21 @@ impl History {
         let before: HashMap<(&str, Enforcement), (u64, u64)> = last
             .rules
             .iter()
-            .map(|r| ((r.rule.as_str(), r.mode), (r.allowed, r.denied)))
+            .map(|r| ((r.rule.as_str(), r.enforcement), (r.allowed, r.denied)))
             .collect();
         let decisions = now
             .rules
             .iter()
             .filter_map(|r| {
                 let (allowed, denied) = before
-                    .get(&(r.rule.as_str(), r.mode))
+                    .get(&(r.rule.as_str(), r.enforcement))
                     .copied()
                     .unwrap_or_default();
                 let delta = (
                     r.allowed.saturating_sub(allowed),
                     r.denied.saturating_sub(denied),
                 );
-                (delta != (0, 0)).then(|| ((r.rule.clone(), r.mode), delta))
+                (delta != (0, 0)).then(|| ((r.rule.clone(), r.enforcement), delta))
             })
             .collect();
         let store = now.store.since(&last.store);
@@ -80,7 +80,7 @@ impl History {
     /// Every rule's totals at the last reading, by name, then mode.
     pub(crate) fn totals(&self) -> Vec<&RuleActivity> {
         let mut totals: Vec<&RuleActivity> = self.last.iter().flat_map(|a| &a.rules).collect();
-        totals.sort_by_key(|r| (r.rule.as_str(), r.mode.as_str()));
+        totals.sort_by_key(|r| (r.rule.as_str(), r.enforcement.as_str()));
         totals
     }
 }
@@ -94,7 +94,7 @@ mod tests {
         Activity {
             rules: vec![RuleActivity {
                 rule: "per-ip".into(),
-                mode: Enforcement::Enforce,
+                enforcement: Enforcement::Enforce,
                 allowed,
                 denied,
             }],

@@ -21,7 +21,7 @@ use axum::response::{IntoResponse, Response};
 use parking_lot::Mutex;
 use serde_json::{Value, json};
 use sluice_core::{Clock, Store};
-use sluice_engine::{Enforcer, quota_window};
+use sluice_engine::Enforcer;
 use sluice_policy::{Policy, readable_key};
 
 use crate::server::{AnyStore, holds_token, is_address, problem, ready};
@@ -92,7 +92,7 @@ impl Dashboard {
             .totals()
             .into_iter()
             .map(|r| {
-                let id = (r.rule.clone(), r.mode);
+                let id = (r.rule.clone(), r.enforcement);
                 let each = |pick: fn((u64, u64)) -> u64| -> Vec<u64> {
                     history
                         .seconds
@@ -102,7 +102,7 @@ impl Dashboard {
                 };
                 json!({
                     "rule": r.rule,
-                    "mode": r.mode.as_str(),
+                    "mode": r.enforcement.as_str(),
                     "allowed": each(|(a, _)| a),
                     "denied": each(|(_, d)| d),
                     "allowed_total": r.allowed,
@@ -135,7 +135,7 @@ impl Dashboard {
                 };
                 json!({
                     "rule": t.rule,
-                    "mode": t.mode.as_str(),
+                    "mode": t.enforcement.as_str(),
                     "key": key,
                     "denied": t.denied,
                     "overcount": t.overcount,
@@ -147,7 +147,7 @@ impl Dashboard {
                 "name": name,
                 "algorithm": limit.algorithm().name(),
                 "limit": limit.algorithm().capacity(),
-                "window_seconds": quota_window(limit),
+                "window_seconds": limit.algorithm().quota_window(),
             })
         };
         let rules: Vec<Value> = policy
@@ -155,7 +155,7 @@ impl Dashboard {
             .iter()
             .map(|r| {
                 let mut d = describe(r.name(), r.limit());
-                d["mode"] = r.mode().as_str().into();
+                d["mode"] = r.enforcement().as_str().into();
                 d["domain"] = r.domain().into();
                 d
             })

@@ -34,10 +34,10 @@ struct RuleTotals {
 }
 
 impl RuleTotals {
-    fn new(name: &str, mode: Enforcement) -> Self {
+    fn new(name: &str, enforcement: Enforcement) -> Self {
         RuleTotals {
             name: name.to_owned(),
-            mode: mode.as_str(),
+            mode: enforcement.as_str(),
             ..RuleTotals::default()
         }
     }
@@ -79,12 +79,12 @@ impl Summary {
         let rules: Vec<_> = policy
             .rules()
             .iter()
-            .map(|r| RuleTotals::new(r.name(), r.mode()))
+            .map(|r| RuleTotals::new(r.name(), r.enforcement()))
             .collect();
         let limits: Vec<_> = policy
             .limits()
             .iter()
-            .map(|l| RuleTotals::new(l.name(), l.mode()))
+            .map(|l| RuleTotals::new(l.name(), l.enforcement()))
             .collect();
         Summary {
             rule_index: rules

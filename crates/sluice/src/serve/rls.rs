@@ -289,7 +289,7 @@ fn response(
     let enforced: SmallVec<[(usize, &RuleHit<'_>); 2]> = hits
         .iter()
         .zip(owner)
-        .filter(|(h, _)| h.rule.mode() == Enforcement::Enforce)
+        .filter(|(h, _)| h.rule.enforcement() == Enforcement::Enforce)
         .map(|(h, &i)| (i, h))
         .collect();
     let refused = verdict.refusal.as_ref().map(|(rule, _)| rule.as_str());
@@ -403,7 +403,7 @@ fn refund_status<'a, 'h: 'a>(
     refunded: impl Iterator<Item = &'a (usize, &'a RuleHit<'h>, Decision)>,
 ) -> DescriptorStatus {
     let tightest = refunded
-        .filter(|(_, hit, _)| hit.rule.mode() == Enforcement::Enforce)
+        .filter(|(_, hit, _)| hit.rule.enforcement() == Enforcement::Enforce)
         .min_by_key(|(_, _, d)| d.remaining);
     match tightest {
         Some((_, hit, d)) => DescriptorStatus {

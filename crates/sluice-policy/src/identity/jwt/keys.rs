@@ -315,8 +315,10 @@ mod tests {
 
     use super::*;
     use crate::PolicyError;
-    use crate::jwt::JwtVerifier;
-    use crate::jwt::test_fixtures::{NOW, SECRET, dir, ec, err, fixture, hs, rsa, sign, verifier};
+    use crate::identity::jwt::JwtVerifier;
+    use crate::identity::jwt::test_fixtures::{
+        NOW, SECRET, dir, ec, err, fixture, hs, rsa, sign, verifier,
+    };
 
     #[test]
     fn secret_file_is_read_without_its_trailing_newline() {

@@ -181,8 +181,8 @@ mod tests {
     use std::path::Path;
 
     use super::*;
-    use crate::jwt::JwtVerifier;
-    use crate::jwt::test_fixtures::{SECRET, err};
+    use crate::identity::jwt::JwtVerifier;
+    use crate::identity::jwt::test_fixtures::{SECRET, err};
 
     #[test]
     fn section_mistakes_are_placed() {

@@ -378,7 +378,7 @@ fn lookup<'a>(obj: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::jwt::test_fixtures::{
+    use crate::identity::jwt::test_fixtures::{
         NOW, SECRET, ec, fixture, hs, hs_verifier, rsa, sign, verifier,
     };
     use jsonwebtoken::{EncodingKey, Header, encode};
