@@ -4,8 +4,8 @@ use std::time::Duration;
 
 use sluice_core::{Decision, OnStoreError};
 
+use crate::leases::HeldLease;
 use crate::reservation::Reserved;
-use crate::slots::Held;
 
 /// A named limit's answer to one call.
 ///
@@ -118,7 +118,7 @@ pub struct Verdict {
     /// when it was admitted, and shadow rules' that would have admitted
     /// it): give them back when its work ends, with
     /// [`Enforcer::hold`](crate::Enforcer::hold).
-    pub leases: Vec<Held>,
+    pub leases: Vec<HeldLease>,
     /// How the enforced rules decided without the store, when its call
     /// failed: `Open` when they admitted the request all the same, `Closed`
     /// when one of them, failing closed, denied it. `None` when the store

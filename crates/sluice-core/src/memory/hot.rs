@@ -52,7 +52,7 @@ struct Slot {
 
 /// A key that left its slot, for the caller to write back to its table.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(super) struct Held {
+pub(super) struct Displaced {
     pub(super) fp: u64,
     pub(super) table: usize,
     pub(super) state: State,
@@ -132,14 +132,14 @@ impl Slot {
 
     /// Empties a claimed slot, returning what it held.
     #[inline]
-    fn evict(&self) -> Option<Held> {
+    fn evict(&self) -> Option<Displaced> {
         let tag = self.tag.load(Ordering::Relaxed);
         if tag == 0 {
             return None;
         }
         self.tag.store(0, Ordering::Relaxed);
         let state = self.state();
-        Some(Held {
+        Some(Displaced {
             fp: self.fp.load(Ordering::Relaxed),
             table: self.table.load(Ordering::Relaxed),
             state,
@@ -240,7 +240,7 @@ impl Hot {
         (fp, table): (u64, usize),
         state: State,
         cap: f64,
-    ) -> Option<Held> {
+    ) -> Option<Displaced> {
         let slot = self.slot(tag);
         let seq = slot.claim();
         let out = slot.evict();
@@ -268,7 +268,7 @@ impl Hot {
 
     /// Takes `tag` out of its slot, if one holds it. The caller holds the
     /// stripe lock.
-    pub(super) fn take(&self, tag: u64) -> Option<Held> {
+    pub(super) fn take(&self, tag: u64) -> Option<Displaced> {
         let slot = self.slot(tag);
         if slot.tag.load(Ordering::Relaxed) != tag {
             // Only the lock holder changes tags, so this cannot go stale.
@@ -281,7 +281,7 @@ impl Hot {
     }
 
     /// Empties every slot into `f`. The caller holds the stripe lock.
-    pub(super) fn drain(&self, mut f: impl FnMut(Held)) {
+    pub(super) fn drain(&self, mut f: impl FnMut(Displaced)) {
         for slot in self.slots.iter() {
             if slot.tag.load(Ordering::Relaxed) == 0 {
                 continue;
@@ -339,7 +339,7 @@ mod tests {
         let evicted = h.install(b, (12, 0), st(1.0, 1), 4.0);
         assert_eq!(
             evicted,
-            Some(Held {
+            Some(Displaced {
                 fp: 11,
                 table: 2,
                 state: st(2.0, 11),

@@ -22,15 +22,15 @@ use crate::decision::{Decision, Outcome, Value};
 use crate::store::{Mode, Op, Settle, Store, StoreError};
 use crate::time::{Clock, Nanos, SystemClock};
 
+mod flat;
 mod ghosts;
 mod hot;
 mod sliding;
-mod slots;
 
+use flat::{Entry, FlatTable, Probe, SWEEP_FROM, nonzero};
 use ghosts::Ghosts;
-use hot::{Held, Hot};
+use hot::{Displaced, Hot};
 use sliding::{Kind, Next, Sliding};
-use slots::{Entry, Probe, SWEEP_FROM, Slots, nonzero};
 
 /// Lock stripes per core. Threads deciding different keys meet on a stripe
 /// seldom with many stripes, and then neither waits for the other's lock
@@ -69,7 +69,7 @@ impl Entry {
 /// inserts write, come first: see [`Stripe`].
 #[repr(C)]
 struct Table {
-    entries: Slots,
+    entries: FlatTable,
     /// The handle last used: its configuration is the table's, and comparing
     /// handles is cheaper than comparing configurations on every call.
     limit: Limit,
@@ -174,7 +174,7 @@ impl Table {
         if let Some(kind) = Kind::of(&alg) {
             times.extend(self.sliding.empty_times(kind));
         }
-        self.entries = Slots::default();
+        self.entries = FlatTable::default();
         *self.sliding = Sliding::default();
         let room = times.len().max(1);
         let ghosts = self
@@ -300,7 +300,7 @@ impl Stripe {
             None => {
                 self.tables.push(Table {
                     limit: limit.clone(),
-                    entries: Slots::default(),
+                    entries: FlatTable::default(),
                     sliding: Box::default(),
                     ghosts: None,
                 });
@@ -366,7 +366,7 @@ impl Stripe {
     }
 
     /// Puts a key that left its hot slot back into its table.
-    fn write_back(&mut self, held: Held) {
+    fn write_back(&mut self, held: Displaced) {
         if held.dirty
             && let Some(t) = self.tables.get_mut(held.table)
         {

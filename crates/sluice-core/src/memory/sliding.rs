@@ -12,7 +12,7 @@
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
 
-use super::slots::SWEEP_FROM;
+use super::flat::SWEEP_FROM;
 use crate::concurrency::Leases;
 use crate::config::{Algorithm, Concurrency, SlidingLog, SlidingWindow};
 use crate::decision::{Decision, Value};

@@ -5,9 +5,9 @@ use quanta::Instant;
 use sluice_core::{OnStoreError, Op, Settle, Store, StoreError};
 
 use super::Enforcer;
+use crate::leases::{HeldLease, HeldLeases, failed_release};
 use crate::meters::StoreOp;
 use crate::reservation::{Reservation, Reserved};
-use crate::slots::{Held, HeldLeases, failed_release};
 use crate::verdict::Verdict;
 
 impl<S: Store + 'static> Enforcer<S> {
@@ -17,7 +17,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let leases = ops
             .into_iter()
             .filter(|op| op.limit.takes_leases() && op.cost > 0.0)
-            .map(|op| Held {
+            .map(|op| HeldLease {
                 limit: op.limit.clone(),
                 key: op.key.to_owned(),
                 lease: op.lease,
@@ -75,7 +75,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// unknown, expired or already released changes nothing. A failed
     /// store call is counted in `sluice_store_errors_total`, and the lease
     /// then expires on its own.
-    pub async fn release(&self, held: &Held) -> Result<bool, StoreError> {
+    pub async fn release(&self, held: &HeldLease) -> Result<bool, StoreError> {
         let started = Instant::now();
         let result = self.store.release(&held.limit, &held.key, held.lease).await;
         self.meters.timed(StoreOp::Release, started);

@@ -28,9 +28,9 @@ use sluice_policy::Policy;
 
 use crate::activity::Activity;
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineLimits};
+use crate::leases::{Releaser, releaser};
 use crate::meters::{Meters, StoreOp};
 use crate::reservation::{Refunder, refunder};
-use crate::slots::{Releaser, releaser};
 use crate::store_errors;
 use crate::top_keys::TopKeys;
 

@@ -11,9 +11,9 @@ use sluice_policy::{Enforcement, NamedLimit, Policy};
 use super::Enforcer;
 use super::penalties::Owner;
 use crate::inline::{InlineError, check_name};
+use crate::leases::HeldLease;
 use crate::meters::StoreOp;
 use crate::reservation::{Reservation, Reserved};
-use crate::slots::Held;
 use crate::store_errors;
 use crate::verdict::NamedDecision;
 
@@ -108,7 +108,7 @@ impl<S: Store + 'static> Enforcer<S> {
     ///
     /// ```
     /// # use sluice_core::MemoryStore;
-    /// # use sluice_engine::{Enforcer, Held};
+    /// # use sluice_engine::{Enforcer, HeldLease};
     /// # use sluice_policy::Policy;
     /// let policy = Policy::from_str("limits: {uploads: {algorithm: concurrency, algorithm_config: {max: 1, lease: 30s}}}", "p").unwrap();
     /// let e = Enforcer::new(policy, MemoryStore::new());
@@ -130,7 +130,7 @@ impl<S: Store + 'static> Enforcer<S> {
         named: &NamedLimit,
         key: &str,
         count: f64,
-    ) -> Result<(NamedDecision, Option<Held>), StoreError> {
+    ) -> Result<(NamedDecision, Option<HeldLease>), StoreError> {
         let op = self.op(named.limit(), key, count);
         // Released if the store call ends without an answer (an error, a
         // missed deadline, a dropped future): it may have taken the lease.

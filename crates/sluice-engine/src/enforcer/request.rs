@@ -9,9 +9,9 @@ use smallvec::SmallVec;
 
 use super::Enforcer;
 use super::penalties::Owner;
+use crate::leases::HeldLease;
 use crate::meters::StoreOp;
 use crate::reservation::Reserved;
-use crate::slots::Held;
 use crate::store_errors;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
@@ -235,7 +235,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// as the rule's `on_store_error` says.
     /// A lease it took, as if enforced, joins `leases`, to be released with
     /// the request's.
-    async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<Held>) -> bool {
+    async fn shadow(&self, hit: &RuleHit<'_>, leases: &mut Vec<HeldLease>) -> bool {
         let op = self.op(hit.limit(), &hit.key, hit.cost);
         let mut pending = self.pending([&op]);
         match self.transact(&[op], &[hit.rule], Mode::CONSUME).await {

@@ -5,7 +5,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
 use sluice_core::{Clock, FakeClock, MemoryStore, Mode, Nanos, Settle, Store, StoreError};
-use sluice_engine::{Enforcer, Held, Verdict};
+use sluice_engine::{Enforcer, HeldLease, Verdict};
 use sluice_policy::{Policy, RequestParts, StoreConfig, TrustedProxies};
 
 use super::event::{Call, Hold};
@@ -22,11 +22,11 @@ pub(crate) struct Replayer<S> {
     /// Leases to release when virtual time reaches their time, in order
     /// (the second number, the count of leases held so far, keeps leases
     /// due at one time apart).
-    due: BTreeMap<(Nanos, u64), Held>,
+    due: BTreeMap<(Nanos, u64), HeldLease>,
     held: u64,
     /// Leases that calls named, for a later event to release: by limit,
     /// key and name.
-    named: HashMap<(String, String, String), Held>,
+    named: HashMap<(String, String, String), HeldLease>,
 }
 
 impl Replayer<MemoryStore<FakeClock>> {
@@ -98,7 +98,7 @@ impl<S: Store + 'static> Replayer<S> {
     }
 
     /// Holds `held` for `duration` seconds from now.
-    fn hold_for(&mut self, held: Held, duration: f64) -> anyhow::Result<()> {
+    fn hold_for(&mut self, held: HeldLease, duration: f64) -> anyhow::Result<()> {
         let at = Nanos(self.clock.now().0.saturating_add(secs(duration)?.0));
         self.held += 1;
         self.due.insert((at, self.held), held);

@@ -704,7 +704,7 @@ async fn release<C: Clock + Send + Sync + 'static>(
     // Not a lease this server could have handed out: nothing to release.
     let released = match r.lease.parse::<u64>() {
         Ok(lease) if lease > 0 => {
-            let held = sluice_engine::Held {
+            let held = sluice_engine::HeldLease {
                 limit: named.limit().clone(),
                 key: r.key,
                 lease,

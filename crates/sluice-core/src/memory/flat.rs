@@ -33,9 +33,9 @@ pub(super) fn nonzero(fp: u64) -> u64 {
 /// slots' pointer, which only a resize writes.
 #[derive(Default)]
 #[repr(C)]
-pub(super) struct Slots {
+pub(super) struct FlatTable {
     len: usize,
-    /// Where [`Slots::sweep`] resumes.
+    /// Where [`FlatTable::sweep`] resumes.
     cursor: usize,
     slots: Vec<Entry>,
 }
@@ -47,7 +47,7 @@ pub(super) enum Probe {
     Vacant,
 }
 
-impl Slots {
+impl FlatTable {
     #[inline]
     pub(super) fn len(&self) -> usize {
         self.len
@@ -257,7 +257,7 @@ mod tests {
     proptest! {
         #[test]
         fn behaves_like_a_map(steps in prop::collection::vec(step(), 0..400)) {
-            let mut slots = Slots::default();
+            let mut slots = FlatTable::default();
             let mut model: HashMap<u64, f64> = HashMap::new();
             for s in steps {
                 match s {
@@ -306,7 +306,7 @@ mod tests {
 
     #[test]
     fn sweeps_cover_the_whole_table_and_give_memory_back() {
-        let mut slots = Slots::default();
+        let mut slots = FlatTable::default();
         for fp in 1..=1000u64 {
             slots.insert_new(Entry {
                 fp,

@@ -10,7 +10,7 @@ use crate::store_errors::{StoreErrorLog, store_failed};
 /// One lease an admitted request or call took on a concurrency limit: what
 /// to release when its work ends.
 #[derive(Debug, Clone)]
-pub struct Held {
+pub struct HeldLease {
     /// The concurrency limit (a rule's, or a named one).
     pub limit: Limit,
     /// The key under that limit.
@@ -19,7 +19,7 @@ pub struct Held {
     pub lease: u64,
 }
 
-impl PartialEq for Held {
+impl PartialEq for HeldLease {
     fn eq(&self, other: &Self) -> bool {
         self.limit.name() == other.limit.name()
             && self.key == other.key
@@ -28,14 +28,14 @@ impl PartialEq for Held {
 }
 
 /// Gives leases back in the background, whatever the store's type.
-pub(crate) type Releaser = Arc<dyn Fn(Vec<Held>) + Send + Sync>;
+pub(crate) type Releaser = Arc<dyn Fn(Vec<HeldLease>) + Send + Sync>;
 
 /// The [`Releaser`] of `store`: a task on the Tokio runtime the leases are
 /// let go on that releases each in turn (on none, they expire on their
 /// own). A failed release is counted and logged in `errors`, as a failed
 /// decision is; the lease then expires on its own.
 pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreErrorLog>) -> Releaser {
-    Arc::new(move |leases: Vec<Held>| {
+    Arc::new(move |leases: Vec<HeldLease>| {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             return;
         };
@@ -52,7 +52,7 @@ pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreError
 
 /// Counts and logs a release the store could not make: its slots come
 /// back when the lease expires.
-pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &Held) {
+pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &HeldLease) {
     store_failed(errors, e, [(held.limit.name(), OnStoreError::Open)]);
 }
 
@@ -86,7 +86,7 @@ pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &Held
 /// ```
 #[must_use = "the slots are released as soon as this is dropped"]
 pub struct HeldLeases {
-    leases: Vec<Held>,
+    leases: Vec<HeldLease>,
     by: Option<Releaser>,
 }
 
@@ -100,7 +100,7 @@ impl HeldLeases {
     }
 
     /// Holds `leases`, released by `by` when dropped.
-    pub(crate) fn new(leases: Vec<Held>, by: &Releaser) -> HeldLeases {
+    pub(crate) fn new(leases: Vec<HeldLease>, by: &Releaser) -> HeldLeases {
         HeldLeases {
             by: (!leases.is_empty()).then(|| Arc::clone(by)),
             leases,
@@ -108,13 +108,13 @@ impl HeldLeases {
     }
 
     /// The leases held.
-    pub fn leases(&self) -> &[Held] {
+    pub fn leases(&self) -> &[HeldLease] {
         &self.leases
     }
 
     /// Lets go of the leases without releasing them: they are someone
     /// else's to release now, or were never taken.
-    pub(crate) fn disarm(&mut self) -> Vec<Held> {
+    pub(crate) fn disarm(&mut self) -> Vec<HeldLease> {
         self.by = None;
         std::mem::take(&mut self.leases)
     }
