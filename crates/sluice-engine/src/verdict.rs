@@ -128,7 +128,7 @@ pub struct Verdict {
     /// all delay (`on_limit: {delay}`), and it reserved tokens that are due
     /// this long from now. `None` for a request that may go on at once.
     /// Only [`Enforcer::enforce_shaped`](crate::Enforcer::enforce_shaped)
-    /// and [`Enforcer::decide_shaped`](crate::Enforcer::decide_shaped) set
+    /// and [`Enforcer::enforce_hits_shaped`](crate::Enforcer::enforce_hits_shaped) set
     /// it.
     pub delay: Option<Duration>,
     /// What the held request reserved: take it into a

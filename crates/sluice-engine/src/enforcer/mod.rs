@@ -1,5 +1,10 @@
 //! The [`Enforcer`]: a policy and a store, deciding requests and calls.
 //!
+//! Two verbs, each with one meaning: to *enforce* is to apply a policy's
+//! rules to a request (`enforce`, `enforce_hits`, shaped or not); to
+//! *decide* is to answer one call on one limit (`decide_named`, as a
+//! store's `decide` does).
+//!
 //! The enforcer's methods are grouped by what they serve, a file each:
 //! - this one: making it, the policy in force, what it has observed;
 //! - [`request`]: deciding a request by its policy's rules, as one

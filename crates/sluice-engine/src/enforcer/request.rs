@@ -16,7 +16,7 @@ use crate::store_errors;
 use crate::verdict::{Refusal, RuleDecision, ShadowDecision, Verdict};
 use crate::verified::Verified;
 
-/// The rule hits of one request that [`Enforcer::decide`] applies in one way.
+/// The rule hits of one request that [`Enforcer::enforce_hits`] applies in one way.
 type Hits<'h, 'r> = SmallVec<[&'h RuleHit<'r>; 2]>;
 
 impl<S: Store + 'static> Enforcer<S> {
@@ -32,7 +32,7 @@ impl<S: Store + 'static> Enforcer<S> {
     pub async fn enforce<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
         let req = Verified::new(req, policy);
         let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
-        self.decide_in(&hits, false).await
+        self.enforce_in(&hits, false).await
     }
 
     /// [`Enforcer::enforce`], for a caller that can hold a request: when
@@ -68,7 +68,7 @@ impl<S: Store + 'static> Enforcer<S> {
     pub async fn enforce_shaped<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
         let req = Verified::new(req, policy);
         let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
-        self.decide_in(&hits, true).await
+        self.enforce_in(&hits, true).await
     }
 
     /// Applies the rules that `hits` found: all enforced ones as one
@@ -84,31 +84,31 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let policy = e.policy();
     /// let hits: Vec<_> = policy.matching_domain("edge", &d).collect();
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// assert_eq!(rt.block_on(e.decide(&hits)).rules.len(), 1);
+    /// assert_eq!(rt.block_on(e.enforce_hits(&hits)).rules.len(), 1);
     /// ```
     // Not an `async fn`: one that only awaits another holds that one's
     // future and more, and a decision's future is moved into a box with
     // each request.
-    pub fn decide<'a>(
+    pub fn enforce_hits<'a>(
         &'a self,
         hits: &'a [RuleHit<'a>],
     ) -> impl Future<Output = Verdict> + Send + 'a {
-        self.decide_in(hits, false)
+        self.enforce_in(hits, false)
     }
 
-    /// [`Enforcer::decide`], for a caller that can hold a request, as
+    /// [`Enforcer::enforce_hits`], for a caller that can hold a request, as
     /// [`Enforcer::enforce_shaped`] is for [`Enforcer::enforce`].
-    pub fn decide_shaped<'a>(
+    pub fn enforce_hits_shaped<'a>(
         &'a self,
         hits: &'a [RuleHit<'a>],
     ) -> impl Future<Output = Verdict> + Send + 'a {
-        self.decide_in(hits, true)
+        self.enforce_in(hits, true)
     }
 
-    /// [`Enforcer::decide`], reserving for rules that delay when `shaped`
+    /// [`Enforcer::enforce_hits`], reserving for rules that delay when `shaped`
     /// (see [`Enforcer::enforce_shaped`]).
-    async fn decide_in(&self, hits: &[RuleHit<'_>], shaped: bool) -> Verdict {
-        let (verdict, give_back) = self.decide_hits(hits, shaped).await;
+    async fn enforce_in(&self, hits: &[RuleHit<'_>], shaped: bool) -> Verdict {
+        let (verdict, give_back) = self.verdict_of(hits, shaped).await;
         if let Some((parts, on_error)) = give_back {
             // Boxed, as `gated` is: only a request refused for waiting too
             // long gets here.
@@ -117,11 +117,11 @@ impl<S: Store + 'static> Enforcer<S> {
         verdict
     }
 
-    /// [`Enforcer::decide_in`] but for giving back the reservation of a
+    /// [`Enforcer::enforce_in`] but for giving back the reservation of a
     /// request refused for waiting too long, which it returns: awaited here,
     /// with all that a decision holds still alive, a refund would enlarge
     /// every decision's future by a third.
-    async fn decide_hits(
+    async fn verdict_of(
         &self,
         hits: &[RuleHit<'_>],
         shaped: bool,

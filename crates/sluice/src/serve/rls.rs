@@ -178,7 +178,7 @@ impl<C: Clock + Send + Sync + 'static> RateLimitService for Rls<C> {
                 refunded.push((*i, hit, d));
             }
         }
-        let verdict = enforcer.decide(&hits).await;
+        let verdict = enforcer.enforce_hits(&hits).await;
         Ok(Response::new(response(
             &req, &hits, &owner, &verdict, &refunded,
         )))

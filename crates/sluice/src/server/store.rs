@@ -304,7 +304,7 @@ mod tests {
         assert!(release <= 64, "{release} bytes");
         let enforcer = Enforcer::new(Policy::default(), store);
         let hits: [RuleHit<'_>; 0] = [];
-        let decide = size_of_val(&enforcer.decide(&hits));
+        let decide = size_of_val(&enforcer.enforce_hits(&hits));
         assert!(decide <= 768, "{decide} bytes");
     }
 
