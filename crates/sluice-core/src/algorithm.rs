@@ -169,11 +169,11 @@ impl Pending {
         let after = self.after();
         Decision {
             allowed: self.allowed,
-            limit: tb.burst(),
+            capacity: tb.capacity(),
             remaining: remaining(after),
             retry_after: (self.available < self.cost)
                 .then(|| tb.secs_for(self.cost - self.available)),
-            reset: tb.secs_for(tb.burst() - after).max(0.0),
+            reset: tb.secs_for(tb.capacity() - after).max(0.0),
         }
     }
 
@@ -193,7 +193,7 @@ impl Pending {
         };
         Decision {
             allowed: self.allowed,
-            limit: fw.capacity(),
+            capacity: fw.capacity(),
             remaining: remaining(after),
             retry_after: (self.available < self.cost)
                 .then(|| until_window(fw, self.ts, now, (deficit / fw.rate()).ceil())),
@@ -226,11 +226,11 @@ pub(crate) fn elapsed(from: Nanos, to: Nanos) -> i64 {
 fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
     match state {
         None => State {
-            tokens: tb.burst(),
+            tokens: tb.capacity(),
             ts: now,
         },
         Some(s) => State {
-            tokens: (s.tokens + tb.refill(elapsed(s.ts, now))).min(tb.burst()),
+            tokens: (s.tokens + tb.refill(elapsed(s.ts, now))).min(tb.capacity()),
             // Keeping the later time guards against a clock that stepped
             // back: the span between would otherwise be credited twice.
             ts: s.ts.max(now),
@@ -482,7 +482,7 @@ fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
     match alg {
         // One nanosecond more than the span keeps float rounding in the
         // refill from crediting a token the key did not have.
-        Algorithm::TokenBucket(tb) => tb.burst() - tb.refill(span.saturating_add(1)),
+        Algorithm::TokenBucket(tb) => tb.capacity() - tb.refill(span.saturating_add(1)),
         // Every key shares a calendar's boundaries: those up to `full_at`
         // are the ones the key still needs, and one at least, since a key
         // not yet full (a state of another kind that still counts) is

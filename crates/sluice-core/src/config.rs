@@ -11,11 +11,11 @@ use crate::time::Nanos;
 /// Why a limit configuration was rejected.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum LimitError {
     /// The refill rate must be a positive finite number.
     #[error("rate must be a positive finite number, got {0}")]
     Rate(f64),
-    /// The burst (capacity) must be a finite number ≥ 0.
+    /// The capacity (a token bucket's `burst`) must be a finite number ≥ 0.
     #[error("burst/capacity must be a finite number >= 0, got {0}")]
     Capacity(f64),
     /// `max_reserved` must be a finite number ≥ 0.
@@ -66,7 +66,7 @@ pub const CALENDAR_WINDOWS: i64 = 32;
 /// `tokens - cost` would not be exact.
 pub const MAX_EXACT_TOKENS: f64 = 9_007_199_254_740_992.0;
 
-fn finite_nonneg(x: f64, err: fn(f64) -> ConfigError) -> Result<f64, ConfigError> {
+fn finite_nonneg(x: f64, err: fn(f64) -> LimitError) -> Result<f64, LimitError> {
     if x.is_finite() && x >= 0.0 {
         Ok(x)
     } else {
@@ -74,20 +74,21 @@ fn finite_nonneg(x: f64, err: fn(f64) -> ConfigError) -> Result<f64, ConfigError
     }
 }
 
-fn check_admits(capacity: f64, max_reserved: Option<f64>) -> Result<(), ConfigError> {
+fn check_admits(capacity: f64, max_reserved: Option<f64>) -> Result<(), LimitError> {
     if capacity == 0.0 && max_reserved == Some(0.0) {
-        Err(ConfigError::NeverAdmits)
+        Err(LimitError::NeverAdmits)
     } else {
         Ok(())
     }
 }
 
-/// A continuous token bucket: `rate` tokens per second up to `burst`.
+/// A continuous token bucket: `rate` tokens per second up to its capacity
+/// (a policy file's `burst`).
 ///
 /// ```
 /// use sluice_core::TokenBucket;
 /// let tb = TokenBucket::new(10.0, 20.0).unwrap().with_max_reserved(5.0).unwrap();
-/// assert_eq!((tb.rate(), tb.burst(), tb.max_reserved()), (10.0, 20.0, Some(5.0)));
+/// assert_eq!((tb.rate(), tb.capacity(), tb.max_reserved()), (10.0, 20.0, Some(5.0)));
 /// assert!(TokenBucket::new(-1.0, 20.0).is_err());
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -99,51 +100,52 @@ pub struct TokenBucket {
     // Seconds per token, computed once as period / tokens so that "10 per
     // 60 s" waits exactly 6 s per token, and the hot path multiplies.
     secs_per_token: f64,
-    burst: f64,
+    capacity: f64,
     max_reserved: Option<f64>,
 }
 
 impl TokenBucket {
-    /// A bucket refilling at `rate` tokens per second, holding at most `burst`.
-    pub fn new(rate: f64, burst: f64) -> Result<Self, ConfigError> {
-        Self::per_period(rate, Nanos(Nanos::PER_SEC))?.with_burst(burst)
+    /// A bucket refilling at `rate` tokens per second, holding at most
+    /// `capacity` (a policy file's `burst`).
+    pub fn new(rate: f64, capacity: f64) -> Result<Self, LimitError> {
+        Self::per_period(rate, Nanos(Nanos::PER_SEC))?.with_capacity(capacity)
     }
 
-    /// `tokens` per `period`, with the burst defaulting to `tokens`.
+    /// `tokens` per `period`, with the capacity defaulting to `tokens`.
     ///
     /// ```
     /// use sluice_core::{Nanos, TokenBucket};
     /// let tb = TokenBucket::per_period(10.0, Nanos(60 * Nanos::PER_SEC)).unwrap();
-    /// assert_eq!(tb.burst(), 10.0);
+    /// assert_eq!(tb.capacity(), 10.0);
     /// assert!((tb.rate() - 10.0 / 60.0).abs() < 1e-15);
     /// ```
-    pub fn per_period(tokens: f64, period: Nanos) -> Result<Self, ConfigError> {
+    pub fn per_period(tokens: f64, period: Nanos) -> Result<Self, LimitError> {
         if period.0 <= 0 {
-            return Err(ConfigError::Period(period.as_secs_f64()));
+            return Err(LimitError::Period(period.as_secs_f64()));
         }
         if !(tokens.is_finite() && tokens > 0.0) {
-            return Err(ConfigError::Rate(tokens));
+            return Err(LimitError::Rate(tokens));
         }
         Ok(TokenBucket {
             tokens,
             period,
             secs_per_token: period.as_secs_f64() / tokens,
-            burst: tokens,
+            capacity: tokens,
             max_reserved: None,
         })
     }
 
-    /// Replaces the burst.
-    pub fn with_burst(self, burst: f64) -> Result<Self, ConfigError> {
-        let burst = finite_nonneg(burst, ConfigError::Capacity)?;
-        check_admits(burst, self.max_reserved)?;
-        Ok(TokenBucket { burst, ..self })
+    /// Replaces the capacity.
+    pub fn with_capacity(self, capacity: f64) -> Result<Self, LimitError> {
+        let capacity = finite_nonneg(capacity, LimitError::Capacity)?;
+        check_admits(capacity, self.max_reserved)?;
+        Ok(TokenBucket { capacity, ..self })
     }
 
     /// Allows reservations to take the bucket down to `-max_reserved`.
-    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, ConfigError> {
-        let m = finite_nonneg(max_reserved, ConfigError::MaxReserved)?;
-        check_admits(self.burst, Some(m))?;
+    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, LimitError> {
+        let m = finite_nonneg(max_reserved, LimitError::MaxReserved)?;
+        check_admits(self.capacity, Some(m))?;
         Ok(TokenBucket {
             max_reserved: Some(m),
             ..self
@@ -181,10 +183,10 @@ impl TokenBucket {
         tokens * self.secs_per_token
     }
 
-    /// The bucket's capacity.
+    /// The most tokens the bucket holds (a policy file's `burst`).
     #[inline]
-    pub fn burst(&self) -> f64 {
-        self.burst
+    pub fn capacity(&self) -> f64 {
+        self.capacity
     }
 
     /// How far below zero a reservation may take the bucket; `None` is unlimited.
@@ -218,12 +220,12 @@ pub struct FixedWindow {
 
 impl FixedWindow {
     /// `rate` tokens per `period`; the capacity defaults to `rate`.
-    pub fn new(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+    pub fn new(rate: f64, period: Nanos) -> Result<Self, LimitError> {
         if !(rate.is_finite() && rate > 0.0) {
-            return Err(ConfigError::Rate(rate));
+            return Err(LimitError::Rate(rate));
         }
         if period.0 <= 0 {
-            return Err(ConfigError::Period(period.as_secs_f64()));
+            return Err(LimitError::Period(period.as_secs_f64()));
         }
         Ok(FixedWindow {
             rate,
@@ -247,7 +249,7 @@ impl FixedWindow {
     /// assert_eq!(quota.calendar(), Some(month));
     /// assert_eq!(quota.period(), CalendarUnit::Month.nominal());
     /// ```
-    pub fn on_calendar(rate: f64, calendar: Calendar) -> Result<Self, ConfigError> {
+    pub fn on_calendar(rate: f64, calendar: Calendar) -> Result<Self, LimitError> {
         Ok(FixedWindow {
             calendar: Some(calendar),
             ..FixedWindow::new(rate, calendar.unit().nominal())?
@@ -255,11 +257,11 @@ impl FixedWindow {
     }
 
     /// Lets unused tokens roll over up to `capacity`.
-    pub fn with_capacity(self, capacity: f64) -> Result<Self, ConfigError> {
-        let capacity = finite_nonneg(capacity, ConfigError::Capacity)?;
+    pub fn with_capacity(self, capacity: f64) -> Result<Self, LimitError> {
+        let capacity = finite_nonneg(capacity, LimitError::Capacity)?;
         check_admits(capacity, self.max_reserved)?;
         if self.calendar.is_some() && capacity > self.rate * CALENDAR_WINDOWS as f64 {
-            return Err(ConfigError::CalendarCapacity(capacity));
+            return Err(LimitError::CalendarCapacity(capacity));
         }
         Ok(FixedWindow { capacity, ..self })
     }
@@ -275,8 +277,8 @@ impl FixedWindow {
     }
 
     /// Allows reservations to take the window down to `-max_reserved`.
-    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, ConfigError> {
-        let m = finite_nonneg(max_reserved, ConfigError::MaxReserved)?;
+    pub fn with_max_reserved(self, max_reserved: f64) -> Result<Self, LimitError> {
+        let m = finite_nonneg(max_reserved, LimitError::MaxReserved)?;
         check_admits(self.capacity, Some(m))?;
         Ok(FixedWindow {
             max_reserved: Some(m),
@@ -345,15 +347,15 @@ impl FixedWindow {
 }
 
 /// Checks a sliding algorithm's `rate` per `period`.
-fn sliding_params(rate: f64, period: Nanos) -> Result<(), ConfigError> {
+fn sliding_params(rate: f64, period: Nanos) -> Result<(), LimitError> {
     if !(rate.is_finite() && rate > 0.0) {
-        return Err(ConfigError::Rate(rate));
+        return Err(LimitError::Rate(rate));
     }
     if rate > MAX_EXACT_TOKENS {
-        return Err(ConfigError::TooManyTokens(rate));
+        return Err(LimitError::TooManyTokens(rate));
     }
     if period.0 <= 0 {
-        return Err(ConfigError::Period(period.as_secs_f64()));
+        return Err(LimitError::Period(period.as_secs_f64()));
     }
     Ok(())
 }
@@ -380,7 +382,7 @@ pub struct SlidingWindow {
 impl SlidingWindow {
     /// `rate` tokens per `period`, windows aligned per key (see
     /// [`SlidingWindow::with_start`]).
-    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, LimitError> {
         sliding_params(rate, period)?;
         Ok(SlidingWindow {
             rate,
@@ -436,7 +438,7 @@ pub struct SlidingLog {
 
 impl SlidingLog {
     /// `rate` tokens per `period`.
-    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, ConfigError> {
+    pub fn per_period(rate: f64, period: Nanos) -> Result<Self, LimitError> {
         sliding_params(rate, period)?;
         Ok(SlidingLog { rate, period })
     }
@@ -480,12 +482,12 @@ pub struct Concurrency {
 impl Concurrency {
     /// `max` slots per key (a whole number from 1 to [`MAX_SLOTS`]), each
     /// lease expiring after `lease`.
-    pub fn new(max: f64, lease: Nanos) -> Result<Self, ConfigError> {
+    pub fn new(max: f64, lease: Nanos) -> Result<Self, LimitError> {
         if lease.0 <= 0 {
-            return Err(ConfigError::Period(lease.as_secs_f64()));
+            return Err(LimitError::Period(lease.as_secs_f64()));
         }
         if !((1.0..=MAX_SLOTS).contains(&max) && max.fract() == 0.0) {
-            return Err(ConfigError::Slots(max));
+            return Err(LimitError::Slots(max));
         }
         Ok(Concurrency { max, lease })
     }
@@ -569,12 +571,13 @@ impl From<Concurrency> for Algorithm {
 }
 
 impl Algorithm {
-    /// The most tokens a key can hold: the burst, the window capacity, a
-    /// sliding algorithm's rate, or a concurrency limit's slots.
+    /// The most tokens a key can hold: the bucket's or the window's
+    /// capacity, a sliding algorithm's rate, or a concurrency limit's
+    /// slots.
     #[inline]
     pub fn capacity(&self) -> f64 {
         match self {
-            Algorithm::TokenBucket(tb) => tb.burst,
+            Algorithm::TokenBucket(tb) => tb.capacity,
             Algorithm::FixedWindow(fw) => fw.capacity,
             Algorithm::SlidingWindow(sw) => sw.rate,
             Algorithm::SlidingLog(sl) => sl.rate,
@@ -687,7 +690,7 @@ impl Algorithm {
     pub fn quota_window(&self) -> f64 {
         match self {
             // `rate` is per second.
-            Algorithm::TokenBucket(tb) => tb.burst() / tb.rate(),
+            Algorithm::TokenBucket(tb) => tb.capacity() / tb.rate(),
             windowed => windowed.window().map_or(0.0, Nanos::as_secs_f64),
         }
     }
@@ -784,7 +787,7 @@ impl Algorithm {
         // One match for what every call needs; `reservable` only for the
         // calls that may reserve.
         let (capacity, max_reserved) = match self {
-            Algorithm::TokenBucket(tb) => (tb.burst, tb.max_reserved),
+            Algorithm::TokenBucket(tb) => (tb.capacity, tb.max_reserved),
             Algorithm::FixedWindow(fw) => (fw.capacity, fw.max_reserved),
             Algorithm::SlidingWindow(sw) => (sw.rate, None),
             Algorithm::SlidingLog(sl) => (sl.rate, None),
@@ -805,7 +808,7 @@ impl Algorithm {
             Algorithm::TokenBucket(tb) => Algorithm::TokenBucket(TokenBucket {
                 tokens: tb.tokens / n,
                 secs_per_token: tb.secs_per_token * n,
-                burst: tb.burst / n,
+                capacity: tb.capacity / n,
                 max_reserved: tb.max_reserved.map(|m| m / n),
                 ..tb
             }),
@@ -911,9 +914,9 @@ impl Limit {
 
     /// Splits a hot key into `n` shards, each with 1/n of the rate, capacity
     /// and `max_reserved`; each call uses the fuller of two random shards.
-    pub fn with_shards(&self, n: u32) -> Result<Limit, ConfigError> {
+    pub fn with_shards(&self, n: u32) -> Result<Limit, LimitError> {
         if n == 0 {
-            return Err(ConfigError::Shards);
+            return Err(LimitError::Shards);
         }
         let shard_algorithm = self.inner.algorithm.split(n);
         Ok(Limit {

@@ -100,7 +100,7 @@ pub async fn burst_then_exact_retry<St: Store>(store: &St, clock: &FakeClock) {
         "conf-burst",
         TokenBucket::per_period(10.0, Nanos(60 * S))
             .unwrap()
-            .with_burst(20.0)
+            .with_capacity(20.0)
             .unwrap(),
     );
     for i in 0..20 {
@@ -681,7 +681,7 @@ pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
     assert!(one(store, &l, "team", 1000.0, Mode::CONSUME).await.allowed);
     let d = settle(store, &l, "team", Settle::Refund(600.0)).await;
     assert!(d.allowed && d.retry_after.is_none());
-    assert_eq!((d.limit, d.remaining), (1000.0, 600));
+    assert_eq!((d.capacity, d.remaining), (1000.0, 600));
     assert_eq!(d.reset, 24.0, "400 tokens at 1000 a minute");
     assert_eq!(store.value(&l, "team").await.unwrap().tokens, 600.0);
     // Never above the capacity.
@@ -744,7 +744,7 @@ pub async fn settling_refunds_up_to_capacity_and_charges_below_zero<St: Store>(
     settle(store, &sharded, "k", Settle::Charge(8.0)).await;
     assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 0.0);
     let d = settle(store, &sharded, "k", Settle::Refund(4.0)).await;
-    assert_eq!((d.limit, d.remaining), (8.0, 4));
+    assert_eq!((d.capacity, d.remaining), (8.0, 4));
     assert_eq!(store.value(&sharded, "k").await.unwrap().tokens, 4.0);
 }
 
@@ -760,7 +760,7 @@ pub async fn a_penalty_gate_shuts_for_exactly_its_penalty<St: Store>(
         "conf-gate",
         TokenBucket::per_period(1.0, Nanos(10 * S))
             .unwrap()
-            .with_burst(0.0)
+            .with_capacity(0.0)
             .unwrap(),
     );
     assert!(one(store, &gate, "k", 0.0, Mode::CONSUME).await.allowed);
@@ -847,7 +847,7 @@ pub async fn concurrency_holds_at_most_max_in_flight<St: Store>(store: &St, cloc
     let a = take(1.0);
     let d = store.decide(a, Mode::CONSUME).await.unwrap();
     assert_eq!(
-        (d.allowed, d.limit, d.remaining, d.reset),
+        (d.allowed, d.capacity, d.remaining, d.reset),
         (true, 2.0, 1, 10.0)
     );
     step(clock, S);

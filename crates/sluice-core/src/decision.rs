@@ -9,7 +9,7 @@ use crate::time::Nanos;
 ///
 /// ```
 /// use sluice_core::Decision;
-/// let d = Decision { allowed: false, limit: 10.0, remaining: 0, retry_after: Some(0.5), reset: 1.0 };
+/// let d = Decision { allowed: false, capacity: 10.0, remaining: 0, retry_after: Some(0.5), reset: 1.0 };
 /// assert!(!d.allowed && d.retry_after == Some(0.5));
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -17,8 +17,9 @@ pub struct Decision {
     /// Whether this limit admits the call (now, or after `retry_after` for a
     /// reservation).
     pub allowed: bool,
-    /// The capacity of the bucket or window: the most a key can hold.
-    pub limit: f64,
+    /// The capacity of the bucket or window: the most a key can hold
+    /// (what HTTP answers call the `limit`).
+    pub capacity: f64,
     /// Whole tokens left after the decision: `floor(max(0, tokens))`.
     pub remaining: u64,
     /// Seconds until the call would succeed (on a denial), or until a
@@ -38,22 +39,22 @@ impl Decision {
     ///
     /// ```
     /// use sluice_core::Decision;
-    /// let part = |remaining, reset| Decision { allowed: false, limit: 5.0, remaining, retry_after: Some(1.0), reset };
+    /// let part = |remaining, reset| Decision { allowed: false, capacity: 5.0, remaining, retry_after: Some(1.0), reset };
     /// let d = Decision::settled([part(2, 1.0), part(3, 0.5)]);
     /// assert!(d.allowed && d.retry_after.is_none());
-    /// assert_eq!((d.limit, d.remaining, d.reset), (10.0, 5, 1.0));
+    /// assert_eq!((d.capacity, d.remaining, d.reset), (10.0, 5, 1.0));
     /// ```
     pub fn settled(parts: impl IntoIterator<Item = Decision>) -> Decision {
         parts.into_iter().fold(
             Decision {
                 allowed: true,
-                limit: 0.0,
+                capacity: 0.0,
                 remaining: 0,
                 retry_after: None,
                 reset: 0.0,
             },
             |sum, d| Decision {
-                limit: sum.limit + d.limit,
+                capacity: sum.capacity + d.capacity,
                 remaining: sum.remaining.saturating_add(d.remaining),
                 reset: sum.reset.max(d.reset),
                 ..sum
@@ -67,8 +68,8 @@ impl Decision {
 ///
 /// ```
 /// use sluice_core::{Decision, Outcome};
-/// let deny = Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.0), reset: 2.0 };
-/// let ok = Decision { allowed: true, limit: 5.0, remaining: 4, retry_after: None, reset: 0.2 };
+/// let deny = Decision { allowed: false, capacity: 1.0, remaining: 0, retry_after: Some(2.0), reset: 2.0 };
+/// let ok = Decision { allowed: true, capacity: 5.0, remaining: 4, retry_after: None, reset: 0.2 };
 /// let o = Outcome::from_decisions([ok, deny].into_iter().collect());
 /// assert!(!o.allowed);
 /// assert_eq!(o.retry_after(), Some(2.0));
@@ -108,7 +109,7 @@ impl Outcome {
                 let (da, db) = (&self.decisions[a], &self.decisions[b]);
                 da.remaining
                     .cmp(&db.remaining)
-                    .then(da.limit.total_cmp(&db.limit))
+                    .then(da.capacity.total_cmp(&db.capacity))
             })
         } else {
             (0..self.decisions.len())

@@ -23,7 +23,7 @@ mod time;
 
 pub use calendar::{Calendar, CalendarError, CalendarUnit};
 pub use config::{
-    Algorithm, CALENDAR_WINDOWS, Concurrency, ConfigError, FixedWindow, Limit, MAX_EXACT_TOKENS,
+    Algorithm, CALENDAR_WINDOWS, Concurrency, FixedWindow, Limit, LimitError, MAX_EXACT_TOKENS,
     MAX_SLOTS, RESERVATION_HORIZON, SlidingLog, SlidingWindow, TokenBucket,
 };
 pub use decision::{Decision, Outcome, Value};

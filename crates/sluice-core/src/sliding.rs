@@ -133,7 +133,7 @@ pub fn window_evaluate(
     };
     let decision = Decision {
         allowed,
-        limit: rate,
+        capacity: rate,
         remaining: remaining(rate - (w + after.cur)),
         retry_after: (!allowed).then(|| window_wait(sw, &s, now, cost)),
         reset: secs_between(now.0, window_empty_at(sw, &after).0).max(0.0),
@@ -320,7 +320,7 @@ impl LogReading {
         let period = sl.period().0;
         Decision {
             allowed,
-            limit: rate,
+            capacity: rate,
             remaining: remaining(rate - after),
             retry_after: (!allowed)
                 .then(|| secs_between(at, self.frees_at.0.saturating_add(period))),

@@ -515,7 +515,7 @@ pub trait Store: Send + Sync {
 /// assert!(OnStoreError::Open.outcome(&ops).allowed);
 /// let closed = OnStoreError::Closed.outcome(&ops);
 /// assert!(!closed.allowed);
-/// assert_eq!(closed.decisions[0].limit, 5.0);
+/// assert_eq!(closed.decisions[0].capacity, 5.0);
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 #[cfg_attr(feature = "serde", derive(serde::Deserialize))]
@@ -539,7 +539,7 @@ impl OnStoreError {
                 .iter()
                 .map(|op| Decision {
                     allowed,
-                    limit: op.limit.algorithm().capacity(),
+                    capacity: op.limit.algorithm().capacity(),
                     remaining: 0,
                     retry_after: None,
                     reset: 0.0,

@@ -106,7 +106,7 @@ proptest! {
             for j in i..admitted.len() {
                 sum += admitted[j].1;
                 let span = (admitted[j].0 - admitted[i].0) as f64 / S as f64;
-                let bound = tb.burst() + slack + tb.rate() * span;
+                let bound = tb.capacity() + slack + tb.rate() * span;
                 prop_assert!(sum <= bound + EPS * bound.max(1.0),
                     "admitted {sum} in {span}s > bound {bound}");
             }

@@ -103,7 +103,7 @@ fn a_key_never_seen_starts_full() {
     assert_eq!(h.tokens(&l), 10.0);
     let d = h.take(&l, 1.0);
     assert!(d.allowed);
-    assert_eq!((d.limit, d.remaining, d.retry_after), (10.0, 9, None));
+    assert_eq!((d.capacity, d.remaining, d.retry_after), (10.0, 9, None));
     // reset = (burst - tokens after) / rate
     assert!(close(d.reset, 1.0));
 }
@@ -527,7 +527,7 @@ fn shards_split_the_limit_and_pick_the_fuller_of_two() {
     let Algorithm::TokenBucket(per) = l.shard_algorithm() else {
         panic!("token bucket expected")
     };
-    assert_eq!((per.rate(), per.burst()), (1.0, 2.0));
+    assert_eq!((per.rate(), per.capacity()), (1.0, 2.0));
     // Drain shard 0 through picks (0,1),(0,1): the first goes to 0, the
     // second sees 0 emptier and picks 1.
     let pick = |p: u64| [Op::new(&l, "k", 1.0).with_pick(p)];
@@ -567,7 +567,7 @@ fn a_rate_per_period_keeps_whole_results_whole() {
     let h = H::new();
     let per_minute = TokenBucket::per_period(10.0, Nanos(60 * S))
         .unwrap()
-        .with_burst(20.0)
+        .with_capacity(20.0)
         .unwrap();
     let l = Limit::new("sendMessage", per_minute);
     assert!(h.take(&l, 20.0).allowed);
@@ -599,7 +599,7 @@ fn a_sliding_window_weighs_the_previous_window_by_its_overlap() {
     assert!(d.allowed);
     // 8 counted in this window: empty two windows after its start.
     assert_eq!(
-        (d.limit, d.remaining, d.retry_after, d.reset),
+        (d.capacity, d.remaining, d.retry_after, d.reset),
         (10.0, 2, None, 19.0)
     );
     // 2.5 s into the next window the 8 weigh 8 × 0.75 = 6.

@@ -314,7 +314,7 @@ fn model_calls() -> impl Strategy<Value = Vec<(i64, i64, bool)>> {
 fn assert_answer(d: Decision, want: model::Answer, limit: f64) -> Result<(), TestCaseError> {
     let (allowed, remaining, retry, reset) = want;
     prop_assert_eq!(d.allowed, allowed, "{:?} vs {:?}", d, want);
-    prop_assert_eq!(d.limit, limit);
+    prop_assert_eq!(d.capacity, limit);
     prop_assert_eq!(d.remaining, remaining, "{:?} vs {:?}", d, want);
     match (d.retry_after, retry) {
         (Some(a), Some(b)) => prop_assert!((a - b).abs() < 1e-6, "{:?} vs {:?}", d, want),

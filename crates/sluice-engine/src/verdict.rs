@@ -13,7 +13,7 @@ use crate::reservation::Reserved;
 /// use sluice_core::{Decision, OnStoreError};
 /// use sluice_engine::NamedDecision;
 /// let admitted_blind = NamedDecision {
-///     decision: Decision { allowed: true, limit: 10.0, remaining: 0, retry_after: None, reset: 0.0 },
+///     decision: Decision { allowed: true, capacity: 10.0, remaining: 0, retry_after: None, reset: 0.0 },
 ///     without_store: Some(OnStoreError::Open),
 /// };
 /// assert!(admitted_blind.decision.allowed);

@@ -786,7 +786,7 @@ fn token_bucket(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySource
     let capacity = match burst {
         Some((field, v)) => {
             tb = tb
-                .with_burst(non_negative(field, v)?)
+                .with_capacity(non_negative(field, v)?)
                 .map_err(|e| at(v, e))?;
             CapacitySource::given(field, v)
         }

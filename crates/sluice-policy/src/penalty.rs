@@ -30,8 +30,8 @@ pub struct Penalty {
 
 impl Penalty {
     /// The penalty of `duration` of the rule or limit named `owner`.
-    pub fn new(owner: &str, duration: Nanos) -> Result<Penalty, sluice_core::ConfigError> {
-        let bucket = TokenBucket::per_period(1.0, duration)?.with_burst(0.0)?;
+    pub fn new(owner: &str, duration: Nanos) -> Result<Penalty, sluice_core::LimitError> {
+        let bucket = TokenBucket::per_period(1.0, duration)?.with_capacity(0.0)?;
         Ok(Penalty {
             duration,
             gate: Limit::new(Penalty::gate_name(owner), bucket),

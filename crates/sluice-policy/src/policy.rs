@@ -68,7 +68,7 @@ impl Default for StoreConfig {
 ///      algorithm_config: {rate: 10, period: 60, burst: 20}\n",
 ///     "p.yaml",
 /// ).unwrap();
-/// let named = &p.limits()[0];
+/// let named = &p.named_limits()[0];
 /// assert_eq!((named.name(), named.enforcement()), ("sendMessage", Enforcement::Enforce));
 /// assert_eq!(named.limit().algorithm().capacity(), 20.0);
 /// ```
@@ -86,7 +86,7 @@ impl NamedLimit {
     /// ```
     /// # use sluice_policy::Policy;
     /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].name(), "a");
+    /// assert_eq!(p.named_limits()[0].name(), "a");
     /// ```
     pub fn name(&self) -> &str {
         self.limit.name()
@@ -97,7 +97,7 @@ impl NamedLimit {
     /// ```
     /// # use sluice_policy::Policy;
     /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 4, shards: 2}}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].limit().shards(), 2);
+    /// assert_eq!(p.named_limits()[0].limit().shards(), 2);
     /// ```
     pub fn limit(&self) -> &Limit {
         &self.limit
@@ -108,7 +108,7 @@ impl NamedLimit {
     /// ```
     /// # use sluice_policy::{Enforcement, Policy};
     /// # let p = Policy::from_str("limits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1}, mode: shadow}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].enforcement(), Enforcement::Shadow);
+    /// assert_eq!(p.named_limits()[0].enforcement(), Enforcement::Shadow);
     /// ```
     pub fn enforcement(&self) -> Enforcement {
         self.enforcement
@@ -120,8 +120,8 @@ impl NamedLimit {
     /// ```
     /// # use sluice_policy::{OnStoreError, Policy};
     /// # let p = Policy::from_str("on_store_error: closed\nlimits: {a: {algorithm: token_bucket, algorithm_config: {rps: 1, max_reserved: 1}, on_store_error: open}, b: {algorithm: token_bucket, algorithm_config: {rps: 1, max_reserved: 1}}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].on_store_error(), OnStoreError::Open);
-    /// assert_eq!(p.limits()[1].on_store_error(), OnStoreError::Closed);
+    /// assert_eq!(p.named_limits()[0].on_store_error(), OnStoreError::Open);
+    /// assert_eq!(p.named_limits()[1].on_store_error(), OnStoreError::Closed);
     /// ```
     pub fn on_store_error(&self) -> OnStoreError {
         self.on_store_error
@@ -133,7 +133,7 @@ impl NamedLimit {
     /// # use sluice_core::Nanos;
     /// # use sluice_policy::Policy;
     /// # let p = Policy::from_str("limits: {login: {algorithm: token_bucket, algorithm_config: {rate: 5, period: 1m}, penalty: 10m}}", "p").unwrap();
-    /// assert_eq!(p.limits()[0].penalty().unwrap().duration(), Nanos(600 * Nanos::PER_SEC));
+    /// assert_eq!(p.named_limits()[0].penalty().unwrap().duration(), Nanos(600 * Nanos::PER_SEC));
     /// ```
     pub fn penalty(&self) -> Option<&Penalty> {
         self.penalty.as_ref()
@@ -385,7 +385,7 @@ impl Rule {
 ///     algorithm: fixed_window
 ///     algorithm_config: {rate: 100, period: 1m}
 /// "#, "policy.yaml").unwrap();
-/// assert_eq!(policy.limit("llmTokens").unwrap().algorithm().max_cost(true), 140_000.0);
+/// assert_eq!(policy.named_limit("llmTokens").unwrap().limit().algorithm().max_cost(true), 140_000.0);
 /// assert_eq!(policy.rules().len(), 1);
 /// ```
 #[derive(Debug, Clone)]
@@ -503,10 +503,10 @@ impl Policy {
     /// use sluice_policy::Policy;
     /// let p = Policy::from_str("limits: {b: {algorithm: token_bucket, algorithm_config: {rps: 1}}, \
     ///                           a: {algorithm: token_bucket, algorithm_config: {rps: 1}}}", "p").unwrap();
-    /// let names: Vec<_> = p.limits().iter().map(|l| l.name()).collect();
+    /// let names: Vec<_> = p.named_limits().iter().map(|l| l.name()).collect();
     /// assert_eq!(names, ["b", "a"]);
     /// ```
-    pub fn limits(&self) -> &[NamedLimit] {
+    pub fn named_limits(&self) -> &[NamedLimit] {
         &self.limits
     }
 
@@ -519,17 +519,6 @@ impl Policy {
     /// ```
     pub fn named_limit(&self, name: &str) -> Option<&NamedLimit> {
         self.limit_index.get(name).and_then(|&i| self.limits.get(i))
-    }
-
-    /// The configured [`Limit`] of the named limit called `name`.
-    ///
-    /// ```
-    /// use sluice_policy::Policy;
-    /// let p = Policy::from_str("limits: {a: {algorithm: fixed_window, algorithm_config: {rate: 5, period: 1h}}}", "p").unwrap();
-    /// assert_eq!(p.limit("a").unwrap().algorithm().capacity(), 5.0);
-    /// ```
-    pub fn limit(&self, name: &str) -> Option<&Limit> {
-        self.named_limit(name).map(NamedLimit::limit)
     }
 
     /// The proxies whose forwarding headers are believed (`trusted_proxies`).

@@ -25,7 +25,7 @@ fn example_path() -> &'static Path {
 /// Everything a policy compiles to, in a comparable form.
 fn summary(p: &Policy) -> String {
     let limits: Vec<_> = p
-        .limits()
+        .named_limits()
         .iter()
         .map(|l| {
             (
@@ -111,25 +111,26 @@ fn example_policy_file_parses() {
     );
     assert_eq!(p.on_store_error(), OnStoreError::Open);
 
-    let names: Vec<_> = p.limits().iter().map(|l| l.name()).collect();
+    let names: Vec<_> = p.named_limits().iter().map(|l| l.name()).collect();
     assert_eq!(
         names,
         ["sendMessage", "llmTokens", "llmTokensMonthly", "uploads"]
     );
-    let Algorithm::Concurrency(uploads) = *p.limit("uploads").unwrap().algorithm() else {
+    let Algorithm::Concurrency(uploads) = *p.named_limit("uploads").unwrap().limit().algorithm()
+    else {
         panic!("uploads should be a concurrency limit")
     };
     assert_eq!(
         (uploads.max(), uploads.lease()),
         (2.0, Nanos(300 * Nanos::PER_SEC))
     );
-    let send = p.limit("sendMessage").unwrap();
+    let send = p.named_limit("sendMessage").unwrap().limit();
     let Algorithm::TokenBucket(tb) = *send.algorithm() else {
         panic!("sendMessage should be a token bucket")
     };
     assert!((tb.rate() - 10.0 / 60.0).abs() < 1e-12);
-    assert_eq!((tb.burst(), tb.max_reserved()), (20.0, Some(50.0)));
-    let llm = p.limit("llmTokens").unwrap();
+    assert_eq!((tb.capacity(), tb.max_reserved()), (20.0, Some(50.0)));
+    let llm = p.named_limit("llmTokens").unwrap().limit();
     assert_eq!(llm.shards(), 4);
     assert_eq!(llm.shard_algorithm().capacity(), 100_000.0);
     assert_eq!(llm.algorithm().max_cost(true), 2_400_000.0);
@@ -236,7 +237,7 @@ fn from_path_reports_the_path_in_errors() {
 #[test]
 fn empty_policy_is_valid_and_limits_nothing() {
     let p = Policy::from_str("# nothing yet\n", "p.yaml").unwrap();
-    assert!(p.rules().is_empty() && p.limits().is_empty());
+    assert!(p.rules().is_empty() && p.named_limits().is_empty());
     assert_eq!(p.store(), &StoreConfig::default());
     assert_eq!(p.matching(&RequestParts::new("GET", "/")).count(), 0);
 }
@@ -292,7 +293,7 @@ fn postgres_store_is_parsed() {
 fn algorithm(kind: &str, config: &str) -> Algorithm {
     let yaml = format!("limits:\n  l:\n    algorithm: {kind}\n    algorithm_config: {config}\n");
     let p = Policy::from_str(&yaml, "p.yaml").unwrap_or_else(|e| panic!("{e}"));
-    *p.limit("l").unwrap().algorithm()
+    *p.named_limit("l").unwrap().limit().algorithm()
 }
 
 fn tb(rate: f64, burst: f64) -> Algorithm {
@@ -363,7 +364,7 @@ fn token_bucket_burst_and_its_capacity_alias() {
     else {
         panic!()
     };
-    assert_eq!(t.burst(), 0.0);
+    assert_eq!(t.capacity(), 0.0);
 }
 
 #[test]
@@ -472,7 +473,7 @@ fn compact_json_and_empty_sections() {
     let text = "limits:\nrules:\n  - name: r\n    limit_keys: []\n    match:\n    \
                 algorithm: token_bucket\n    algorithm_config: {rps: 1}\n";
     let p = Policy::from_str(text, "p.yaml").unwrap();
-    assert!(p.limits().is_empty());
+    assert!(p.named_limits().is_empty());
     assert!(p.rules()[0].conditions().is_empty());
 }
 

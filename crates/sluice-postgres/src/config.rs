@@ -9,7 +9,7 @@ use sqlx::postgres::PgConnectOptions;
 /// A configuration the store cannot use.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum PostgresConfigError {
     /// The URL is not one PostgreSQL's client reads.
     #[error("not a PostgreSQL URL ({0}): write postgres://user:password@host:port/database")]
     Url(String),
@@ -31,7 +31,7 @@ pub enum ConfigError {
 ///     .with_timeout(Duration::from_millis(100));
 /// assert_eq!(c.schema(), "limits");
 /// assert_eq!(c.to_string(), "postgres://app@db.internal:5432/app (schema limits)");
-/// # Ok::<_, sluice_postgres::ConfigError>(())
+/// # Ok::<_, sluice_postgres::PostgresConfigError>(())
 /// ```
 #[derive(Debug, Clone)]
 pub struct PostgresConfig {
@@ -49,14 +49,14 @@ impl PostgresConfig {
     /// `sslmode` says), with the defaults: schema `sluice`, a deadline of
     /// 100 ms a call, at most 16 connections, a durable table, batches of
     /// at most 256 calls, at most 4 of them in flight at once.
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
+    pub fn from_url(url: &str) -> Result<Self, PostgresConfigError> {
         if !(url.starts_with("postgres://") || url.starts_with("postgresql://")) {
-            return Err(ConfigError::Url(
+            return Err(PostgresConfigError::Url(
                 "it must start with postgres:// or postgresql://".into(),
             ));
         }
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| ConfigError::Url(e.to_string()))?
+            .map_err(|e| PostgresConfigError::Url(e.to_string()))?
             .application_name("sluice");
         Ok(PostgresConfig {
             options,
@@ -74,14 +74,14 @@ impl PostgresConfig {
     }
 
     /// Keeps the store's tables in `schema`, which is created if missing.
-    pub fn with_schema(mut self, schema: &str) -> Result<Self, ConfigError> {
+    pub fn with_schema(mut self, schema: &str) -> Result<Self, PostgresConfigError> {
         let mut chars = schema.chars();
         let first_ok = chars
             .next()
             .is_some_and(|c| c.is_ascii_lowercase() || c == '_');
         let rest_ok = chars.all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '_');
         if !(first_ok && rest_ok && schema.len() <= 63) {
-            return Err(ConfigError::Schema(schema.to_owned()));
+            return Err(PostgresConfigError::Schema(schema.to_owned()));
         }
         self.schema = schema.to_owned();
         Ok(self)
@@ -107,7 +107,7 @@ impl PostgresConfig {
     /// use sluice_postgres::PostgresConfig;
     /// let c = PostgresConfig::from_url("postgres://u@localhost/db")?.with_batching(0, 2);
     /// assert_eq!((c.max_batch(), c.max_in_flight()), (1, 2));
-    /// # Ok::<_, sluice_postgres::ConfigError>(())
+    /// # Ok::<_, sluice_postgres::PostgresConfigError>(())
     /// ```
     pub fn with_batching(mut self, max_batch: usize, max_in_flight: usize) -> Self {
         self.max_batch = max_batch.max(1);

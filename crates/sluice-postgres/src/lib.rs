@@ -36,6 +36,6 @@ mod config;
 mod schema;
 mod store;
 
-pub use config::{ConfigError, PostgresConfig};
+pub use config::{PostgresConfig, PostgresConfigError};
 pub use schema::{SCHEMA_VERSION, SchemaError};
 pub use store::{InTransactionError, NoRuntime, PostgresStats, PostgresStore};

@@ -49,7 +49,7 @@ async fn calls_queued_behind_a_busy_batch_are_decided_together_and_exactly() {
         "batched",
         TokenBucket::per_period(1.0, Nanos(3_600 * Nanos::PER_SEC))
             .unwrap()
-            .with_burst(20.0)
+            .with_capacity(20.0)
             .unwrap(),
     );
     let other_kind = Limit::new(

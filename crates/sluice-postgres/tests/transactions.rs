@@ -49,7 +49,7 @@ fn bucket(name: &str, burst: f64) -> Limit {
         name,
         TokenBucket::per_period(1.0, Nanos(3_600 * Nanos::PER_SEC))
             .unwrap()
-            .with_burst(burst)
+            .with_capacity(burst)
             .unwrap(),
     )
 }

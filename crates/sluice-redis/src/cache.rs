@@ -181,7 +181,7 @@ mod tests {
         let gate = Algorithm::from(
             TokenBucket::per_period(1.0, Nanos(10 * Nanos::PER_SEC))
                 .unwrap()
-                .with_burst(0.0)
+                .with_capacity(0.0)
                 .unwrap(),
         );
         let c = DenyCache::new(8);

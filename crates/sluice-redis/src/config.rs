@@ -8,7 +8,7 @@ use redis::IntoConnectionInfo;
 /// A configuration that cannot work, found before connecting.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
-pub enum ConfigError {
+pub enum RedisConfigError {
     /// The URL does not parse, or names an unknown scheme.
     #[error("invalid Redis URL {url:?}: {reason}")]
     Url {
@@ -50,8 +50,8 @@ pub struct RedisConfig {
 
 impl RedisConfig {
     /// Parses a Redis URL (see the type's documentation).
-    pub fn from_url(url: &str) -> Result<Self, ConfigError> {
-        let err = |reason: &str| ConfigError::Url {
+    pub fn from_url(url: &str) -> Result<Self, RedisConfigError> {
+        let err = |reason: &str| RedisConfigError::Url {
             url: mask_password(url),
             reason: reason.to_owned(),
         };

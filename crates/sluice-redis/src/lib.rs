@@ -35,5 +35,5 @@ mod script;
 mod seen;
 mod store;
 
-pub use config::{ConfigError, RedisConfig, mask_password};
+pub use config::{RedisConfig, RedisConfigError, mask_password};
 pub use store::{NewError, RedisStats, RedisStore};

@@ -278,7 +278,7 @@ fn push_limit(out: &mut Vec<u8>, alg: &Algorithm, u: i64) {
                 // The same conversion as algorithm.rs's refill, so the
                 // script divides by the same double.
                 tb.period().0 as f64,
-                tb.burst(),
+                tb.capacity(),
                 mr,
             ],
         ),

@@ -24,7 +24,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio::time::Instant;
 
 use crate::cache::DenyCache;
-use crate::config::{ConfigError, RedisConfig};
+use crate::config::{RedisConfig, RedisConfigError};
 use crate::keys;
 use crate::resets::{self, SyncedCache};
 use crate::script::{self, TimeUnit, Txn, TxnReply};
@@ -273,7 +273,7 @@ pub struct RedisStore {
 pub enum NewError {
     /// The configuration is unusable.
     #[error(transparent)]
-    Config(#[from] ConfigError),
+    Config(#[from] RedisConfigError),
     /// The Redis client rejected the configuration.
     #[error("cannot set up the Redis client: {0}")]
     Client(String),

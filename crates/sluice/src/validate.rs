@@ -28,7 +28,7 @@ pub(crate) fn run(args: &ValidateArgs) -> anyhow::Result<ExitCode> {
                     out,
                     "{}: ok ({} limits, {} rules)",
                     file.display(),
-                    policy.limits().len(),
+                    policy.named_limits().len(),
                     policy.rules().len()
                 )?;
             }

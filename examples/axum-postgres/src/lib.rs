@@ -27,7 +27,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use serde::Deserialize;
 use serde_json::{Value as JsonValue, json};
-use sluice_core::{ConfigError, Limit, Mode, Nanos, Op, Outcome, TokenBucket};
+use sluice_core::{Limit, LimitError, Mode, Nanos, Op, Outcome, TokenBucket};
 use sluice_http::{PROBLEM_JSON, Problem, retry_after_secs};
 use sluice_postgres::{InTransactionError, PostgresStore};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
@@ -107,23 +107,23 @@ impl Limits {
     /// assert_eq!(limits.login.algorithm().capacity(), 5.0);
     /// assert!(axum_postgres::Limits::per_hour(0.0, 60.0, 10.0).is_err());
     /// ```
-    pub fn per_hour(failures: f64, messages: f64, burst: f64) -> Result<Limits, ConfigError> {
+    pub fn per_hour(failures: f64, messages: f64, burst: f64) -> Result<Limits, LimitError> {
         let hour = Nanos(3_600 * Nanos::PER_SEC);
         Ok(Limits {
             login: Limit::new(
                 "login-failures",
-                TokenBucket::per_period(failures, hour)?.with_burst(failures)?,
+                TokenBucket::per_period(failures, hour)?.with_capacity(failures)?,
             ),
             send: Limit::new(
                 "messages",
-                TokenBucket::per_period(messages, hour)?.with_burst(burst)?,
+                TokenBucket::per_period(messages, hour)?.with_capacity(burst)?,
             ),
         })
     }
 
     /// The service's: five wrong passwords, then one more every 12
     /// minutes; 60 messages an hour, 10 at once.
-    pub fn standard() -> Result<Limits, ConfigError> {
+    pub fn standard() -> Result<Limits, LimitError> {
         Limits::per_hour(5.0, 60.0, 10.0)
     }
 }

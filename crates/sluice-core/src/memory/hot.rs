@@ -222,7 +222,7 @@ impl Hot {
             out = Some(s);
             (None, || Decision {
                 allowed: true,
-                limit: 0.0,
+                capacity: 0.0,
                 remaining: 0,
                 retry_after: None,
                 reset: 0.0,
@@ -312,7 +312,7 @@ mod tests {
         let allowed = s.tokens >= 1.0;
         let decision = move || Decision {
             allowed,
-            limit: 0.0,
+            capacity: 0.0,
             remaining: 0,
             retry_after: None,
             reset: 0.0,

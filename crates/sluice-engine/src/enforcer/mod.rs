@@ -163,7 +163,7 @@ impl<S: Store + 'static> Enforcer<S> {
     /// # use sluice_engine::Enforcer;
     /// # use sluice_policy::Policy;
     /// let e = Enforcer::new(Policy::default(), MemoryStore::new());
-    /// assert!(e.policy().limits().is_empty());
+    /// assert!(e.policy().named_limits().is_empty());
     /// ```
     pub fn policy(&self) -> Arc<Policy> {
         self.policy.load_full()

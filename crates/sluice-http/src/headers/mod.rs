@@ -182,7 +182,7 @@ fn jittered<'a>(exact: f64, parts: impl IntoIterator<Item = &'a [u8]>) -> u64 {
 ///         rule: "per-ip".into(),
 ///         key: "9:192.0.2.1".into(),
 ///         cost: 1.0,
-///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
+///         decision: Decision { allowed: true, capacity: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
 ///         in_flight: false,
 ///     }],
@@ -213,7 +213,7 @@ pub fn rate_limit_headers(v: &Verdict) -> HeaderMap {
 ///         rule: "per-ip".into(),
 ///         key: "9:192.0.2.1".into(),
 ///         cost: 1.0,
-///         decision: Decision { allowed: true, limit: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
+///         decision: Decision { allowed: true, capacity: 10.0, remaining: 7, retry_after: None, reset: 0.6 },
 ///         window: 1.0,
 ///         in_flight: false,
 ///     }],
@@ -379,7 +379,7 @@ impl From<FieldValue> for String {
 ///         rule: "per-ip".into(),
 ///         key: "9:192.0.2.1".into(),
 ///         cost: 1.0,
-///         decision: Decision { allowed: false, limit: 10.0, remaining: 0, retry_after: Some(0.5), reset: 0.6 },
+///         decision: Decision { allowed: false, capacity: 10.0, remaining: 0, retry_after: Some(0.5), reset: 0.6 },
 ///         window: 1.0,
 ///         in_flight: false,
 ///     }],
@@ -410,13 +410,13 @@ fn write_rate_limit_headers(v: &Verdict, out: &mut impl FieldSink) {
                 if r.in_flight {
                     // A quota of requests at once, over no window.
                     push_sf_string(policy, &r.rule);
-                    push_param(policy, "q", whole(r.decision.limit));
+                    push_param(policy, "q", whole(r.decision.capacity));
                     policy.push_str(";qu=\"concurrent-requests\"");
                 } else {
                     push_item(
                         policy,
                         &r.rule,
-                        ("q", whole(r.decision.limit)),
+                        ("q", whole(r.decision.capacity)),
                         ("w", whole_secs(r.window).max(1)),
                     );
                 }
@@ -437,7 +437,7 @@ fn write_rate_limit_headers(v: &Verdict, out: &mut impl FieldSink) {
         });
     }
     if let Some(d) = v.deciding() {
-        let limit = whole(d.decision.limit);
+        let limit = whole(d.decision.capacity);
         out.number(&fields::LIMIT, limit);
         out.number(&fields::REMAINING, d.decision.remaining);
         out.number(&fields::RESET, whole_secs(d.decision.reset));
@@ -491,7 +491,7 @@ mod tests {
             cost: 1.0,
             decision: Decision {
                 allowed: remaining > 0,
-                limit: 10.0,
+                capacity: 10.0,
                 remaining,
                 retry_after: None,
                 reset,

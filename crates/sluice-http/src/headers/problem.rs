@@ -169,7 +169,7 @@ pub const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/prob
 ///         rule: "per-ip".into(),
 ///         key: "k".into(),
 ///         cost: 1.0,
-///         decision: Decision { allowed: false, limit: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
+///         decision: Decision { allowed: false, capacity: 1.0, remaining: 0, retry_after: Some(2.5), reset: 2.5 },
 ///         window: 1.0,
 ///         in_flight: false,
 ///     }],

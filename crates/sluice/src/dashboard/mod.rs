@@ -161,7 +161,7 @@ impl Dashboard {
             })
             .collect();
         let limits: Vec<Value> = policy
-            .limits()
+            .named_limits()
             .iter()
             .map(|l| describe(l.name(), l.limit()))
             .collect();

@@ -90,7 +90,7 @@ impl<'a> Line<'a> {
         Line {
             allowed,
             rule: Some(rule),
-            limit: Some(d.limit),
+            limit: Some(d.capacity),
             remaining: Some(d.remaining),
             retry_after: d.retry_after,
             reset: Some(d.reset),

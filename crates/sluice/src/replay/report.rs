@@ -45,7 +45,10 @@ pub(crate) struct Report {
 impl Report {
     pub(crate) fn new(policy: &Policy) -> Report {
         let rules = policy.rules().iter().map(|r| (r.name(), r.enforcement()));
-        let limits = policy.limits().iter().map(|l| (l.name(), l.enforcement()));
+        let limits = policy
+            .named_limits()
+            .iter()
+            .map(|l| (l.name(), l.enforcement()));
         let (names, shadow) = rules
             .chain(limits)
             .map(|(n, m)| (n.to_owned(), m == sluice_policy::Enforcement::Shadow))

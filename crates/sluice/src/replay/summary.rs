@@ -82,7 +82,7 @@ impl Summary {
             .map(|r| RuleTotals::new(r.name(), r.enforcement()))
             .collect();
         let limits: Vec<_> = policy
-            .limits()
+            .named_limits()
             .iter()
             .map(|l| RuleTotals::new(l.name(), l.enforcement()))
             .collect();

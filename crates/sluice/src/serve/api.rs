@@ -352,7 +352,7 @@ impl From<Decision> for Answer {
     fn from(d: Decision) -> Answer {
         Answer {
             allowed: d.allowed,
-            limit: d.limit,
+            limit: d.capacity,
             remaining: d.remaining,
             retry_after: d.retry_after,
             reset: d.reset,
@@ -941,7 +941,7 @@ fn decided(v: &Verdict) -> Response {
             .denied_by()
             .map(str::to_owned)
             .or_else(|| d.map(|d| d.rule.clone())),
-        limit: d.map(|d| d.decision.limit),
+        limit: d.map(|d| d.decision.capacity),
         remaining: d.map(|d| d.decision.remaining),
         retry_after: v.retry_after,
         reset: d.map(|d| d.decision.reset),

@@ -62,7 +62,7 @@ impl Loaded {
         store: &StoreFlag,
     ) -> anyhow::Result<(Enforcer<AnyStore>, Reloads, String)> {
         let Loaded { policy, source } = self;
-        let (limits, rules) = (policy.limits().len(), policy.rules().len());
+        let (limits, rules) = (policy.named_limits().len(), policy.rules().len());
         let file = match source {
             Source::File(path, text) => {
                 tracing::info!(file = %path.display(), limits, rules, "the policy in force");
