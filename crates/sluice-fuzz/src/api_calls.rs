@@ -3,7 +3,7 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderValue, Method, Request, StatusCode, header};
 use serde_json::Value;
-use sluice::serve::{AnyStore, AppState};
+use sluice::serve::{AnyStore, ServerState};
 use sluice_core::FakeClock;
 use tower::ServiceExt;
 
@@ -279,7 +279,7 @@ fn privileged(path: &str, body: Option<&Value>) -> bool {
 /// What a call naming `body`'s `limit` and `key` could change: the keys the
 /// store holds, that key's state, and the configuration the limit's name
 /// has (the policy's, an inline one's, or none).
-fn snapshot(state: &AppState<FakeClock>, body: Option<&Value>) -> (usize, String, String) {
+fn snapshot(state: &ServerState<FakeClock>, body: Option<&Value>) -> (usize, String, String) {
     let AnyStore::Memory(store) = state.enforcer.store() else {
         unreachable!("the fuzzing state is in memory");
     };

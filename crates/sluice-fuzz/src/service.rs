@@ -4,7 +4,7 @@
 
 use std::sync::{Arc, OnceLock};
 
-use sluice::serve::{AnyStore, AppState};
+use sluice::serve::{AnyStore, ServerState};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
@@ -21,18 +21,18 @@ const POLICY: &str = include_str!("policy.yaml");
 const START: Nanos = Nanos(1_700_000_000_000_000_000);
 
 /// A server state over the fuzzing policy and an empty store.
-pub(crate) fn state() -> Arc<AppState<FakeClock>> {
+pub(crate) fn state() -> Arc<ServerState<FakeClock>> {
     state_with(Some(API_TOKEN))
 }
 
 /// [`state`] with `api_token` as the API token, or none.
-pub(crate) fn state_with(api_token: Option<&str>) -> Arc<AppState<FakeClock>> {
+pub(crate) fn state_with(api_token: Option<&str>) -> Arc<ServerState<FakeClock>> {
     static PARSED: OnceLock<Policy> = OnceLock::new();
     let policy = PARSED.get_or_init(|| {
         Policy::from_str(POLICY, "policy.yaml").expect("the fuzzing policy is valid")
     });
     let store = MemoryStore::with_clock(FakeClock::new(START));
-    Arc::new(AppState {
+    Arc::new(ServerState {
         enforcer: Arc::new(Enforcer::new(policy.clone(), AnyStore::Memory(store))),
         admin_token: Some(ADMIN_TOKEN.to_owned()),
         api_token: api_token.map(str::to_owned),

@@ -15,6 +15,7 @@ pub mod listen;
 mod migrate;
 mod numbers;
 pub mod openapi;
+mod ops;
 pub mod proxy;
 mod replay;
 pub mod serve;

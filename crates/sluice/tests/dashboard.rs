@@ -13,7 +13,7 @@ use axum::body::Body;
 use base64::Engine;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice::serve::{AnyStore, AppState, Dashboard, app};
+use sluice::serve::{AnyStore, Dashboard, ServerState, app};
 use sluice_core::{MemoryStore, SystemClock};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
@@ -41,10 +41,10 @@ rules:
 "#;
 
 /// A server state whose dashboard samples on the test's (paused) clock.
-fn state(token: Option<&str>) -> Arc<AppState> {
+fn state(token: Option<&str>) -> Arc<ServerState> {
     let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
     let enforcer = Arc::new(Enforcer::new(policy, AnyStore::Memory(MemoryStore::new())));
-    Arc::new(AppState {
+    Arc::new(ServerState {
         dashboard: Some(Dashboard::start(&enforcer, Some("policy.yaml".into()))),
         enforcer,
         admin_token: token.map(str::to_owned),
@@ -56,7 +56,7 @@ fn state(token: Option<&str>) -> Arc<AppState> {
 
 /// One request through the router: the status, the headers and the body.
 async fn send(
-    s: &Arc<AppState<SystemClock>>,
+    s: &Arc<ServerState<SystemClock>>,
     method: &str,
     uri: &str,
     body: &str,
@@ -67,7 +67,7 @@ async fn send(
 
 /// [`send`], addressed to `host` when given.
 async fn send_to(
-    s: &Arc<AppState<SystemClock>>,
+    s: &Arc<ServerState<SystemClock>>,
     host: Option<&str>,
     method: &str,
     uri: &str,
@@ -94,7 +94,7 @@ async fn send_to(
     (status, headers, bytes.to_vec())
 }
 
-async fn stats(s: &Arc<AppState>, auth: Option<&str>) -> Value {
+async fn stats(s: &Arc<ServerState>, auth: Option<&str>) -> Value {
     let (status, _, body) = send(s, "GET", "/v1/stats", "", auth).await;
     assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
     serde_json::from_slice(&body).unwrap()
@@ -102,7 +102,7 @@ async fn stats(s: &Arc<AppState>, auth: Option<&str>) -> Value {
 
 /// Lets paused time pass until the sampler has taken its next sample, which
 /// must come within a second and a bit.
-async fn next_second(s: &Arc<AppState>) {
+async fn next_second(s: &Arc<ServerState>) {
     let samples = async || stats(s, None).await["seconds"].as_array().unwrap().len();
     let before = samples().await;
     for _ in 0..11 {

@@ -17,7 +17,7 @@ use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimit
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
 use sluice::listen::{Limits, Listener};
-use sluice::serve::{AnyStore, AppState, serve_grpc};
+use sluice::serve::{AnyStore, ServerState, serve_grpc};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
@@ -85,7 +85,7 @@ rules:
 async fn client() -> RateLimitServiceClient<Channel> {
     let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
     let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
-    let state = Arc::new(AppState {
+    let state = Arc::new(ServerState {
         enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
         admin_token: None,
         api_token: None,

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use sluice::listen::{Limits, Listener};
-use sluice::serve::{AnyStore, AppState, MAX_BODY};
+use sluice::serve::{AnyStore, MAX_BODY, ServerState};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
 use support::serve::{
@@ -372,7 +372,7 @@ async fn a_limit_brought_inline_decides_as_the_same_limit_in_a_policy() {
 async fn a_limit_brought_inline_is_checked_as_a_policy_file_is_and_bounded() {
     let policy = Policy::from_str(POLICY, "policy.yaml").unwrap();
     let store = AnyStore::Memory(sluice_core::MemoryStore::new());
-    let s = Arc::new(AppState {
+    let s = Arc::new(ServerState {
         enforcer: Arc::new(Enforcer::new(policy, store).with_max_inline_limits(2)),
         admin_token: None,
         api_token: None,
@@ -899,7 +899,7 @@ limits:
     // Nothing listens there: every store call fails.
     let url = format!("redis://127.0.0.1:{}", free_port());
     let store = AnyStore::open(Some(&url), policy.store()).unwrap();
-    let s = Arc::new(AppState {
+    let s = Arc::new(ServerState {
         enforcer: Arc::new(Enforcer::new(policy, store)),
         admin_token: None,
         api_token: None,

@@ -4,39 +4,19 @@
 
 use std::sync::Arc;
 
-use arc_swap::ArcSwapOption;
 use axum::Router;
-use axum::extract::State;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{MethodRouter, get};
-use sluice_engine::Enforcer;
 
-use crate::dashboard::{self, Dashboard};
-use crate::server::{AnyStore, Metrics, metrics_page, problem, readiness};
-
-/// What the admin endpoints look at, and where a policy reload goes.
-pub(crate) struct Admin {
-    pub(crate) enforcer: Arc<Enforcer<AnyStore>>,
-    pub(crate) reload_error: ArcSwapOption<String>,
-    pub(crate) metrics: Option<Metrics>,
-    /// The live dashboard.
-    pub(crate) dashboard: Option<Arc<Dashboard>>,
-    /// The token the dashboard requires, if any.
-    pub(crate) admin_token: Option<String>,
-}
+use crate::ops::ServerState;
+use crate::server::problem;
 
 /// Every route of the admin router. `/openapi.json` must describe each
 /// path, which the tests check against [`paths`].
-fn routes() -> [(&'static str, MethodRouter<Arc<Admin>>); 6] {
-    [
-        ("/metrics", get(metrics)),
-        ("/healthz", get(|| async { "ok\n" })),
-        ("/readyz", get(readyz)),
-        ("/openapi.json", get(openapi)),
-        (dashboard::UI, get(ui)),
-        (dashboard::STATS, get(stats)),
-    ]
+fn routes() -> Vec<(&'static str, MethodRouter<Arc<ServerState>>)> {
+    let own = [("/openapi.json", get(openapi))];
+    own.into_iter().chain(crate::ops::routes()).collect()
 }
 
 /// The paths the proxy's admin listener answers.
@@ -45,10 +25,10 @@ fn routes() -> [(&'static str, MethodRouter<Arc<Admin>>); 6] {
 /// assert!(sluice::proxy::admin_paths().contains(&"/readyz"));
 /// ```
 pub fn paths() -> Vec<&'static str> {
-    routes().map(|(path, _)| path).into()
+    routes().into_iter().map(|(path, _)| path).collect()
 }
 
-pub(crate) fn router(admin: Arc<Admin>) -> Router {
+pub(crate) fn router(admin: Arc<ServerState>) -> Router {
     routes()
         .into_iter()
         .fold(Router::new(), |router, (path, method)| {
@@ -68,26 +48,4 @@ async fn openapi() -> Response {
             format!("the description could not be built: {e}"),
         ),
     }
-}
-
-async fn metrics(State(s): State<Arc<Admin>>) -> Response {
-    metrics_page(s.metrics.as_ref(), s.enforcer.store())
-}
-
-async fn readyz(State(s): State<Arc<Admin>>) -> Response {
-    readiness(s.enforcer.store(), &s.reload_error)
-}
-
-async fn ui(State(s): State<Arc<Admin>>, headers: HeaderMap) -> Response {
-    dashboard::page(s.dashboard.as_deref(), s.admin_token.as_deref(), &headers)
-}
-
-async fn stats(State(s): State<Arc<Admin>>, headers: HeaderMap) -> Response {
-    dashboard::stats(
-        s.dashboard.as_deref(),
-        s.admin_token.as_deref(),
-        &headers,
-        &s.enforcer,
-        &s.reload_error,
-    )
 }

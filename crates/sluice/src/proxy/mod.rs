@@ -63,6 +63,7 @@ pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamErro
 use crate::dashboard::Dashboard;
 use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
+use crate::ops::ServerState;
 use crate::server::{Loaded, Metrics, Stop};
 
 /// Arguments of `sluice proxy`.
@@ -130,7 +131,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);
         crate::server::report_first_answer(&enforcer, store);
-        let status = Arc::new(admin::Admin {
+        let status = Arc::new(ServerState {
             // Sampled only when there is a listener to show it on.
             dashboard: args
                 .admin
@@ -139,6 +140,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             reload_error: arc_swap::ArcSwapOption::empty(),
             metrics: Metrics::global(),
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
+            api_token: None,
         });
         crate::server::publish_runtime();
         let reloaded = Arc::clone(&status);

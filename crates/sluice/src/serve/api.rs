@@ -20,45 +20,24 @@ use bytes::BytesMut;
 use http_body_util::BodyExt;
 use serde::{Deserialize, Serialize};
 use sluice_core::{Algorithm, Clock, Decision, Mode, Settle, Store, StoreError, SystemClock};
-use sluice_engine::{Enforcer, NamedDecision, Verdict};
+use sluice_engine::{NamedDecision, Verdict};
 use sluice_http::{PROBLEM_JSON, Problem, degraded, each_rate_limit_header};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
-use crate::dashboard::{self, Dashboard};
-use crate::server::{
-    AnyStore, Metrics, clip, foreign_page, holds_token, is_json, metrics_page, not_json, problem,
-    readiness,
-};
+use crate::dashboard;
+use crate::ops::ServerState;
+use crate::server::{clip, foreign_page, holds_token, is_json, not_json, problem};
 
 /// The largest request body accepted; a decision needs far less.
 pub const MAX_BODY: usize = 64 * 1024;
-
-/// What the handlers share. `C` is the memory store's clock.
-pub struct AppState<C = SystemClock> {
-    /// The policy and the store.
-    pub enforcer: Arc<Enforcer<AnyStore<C>>>,
-    /// The token `/v1/reset` requires; `None` disables it. It does
-    /// whatever the API token does too.
-    pub admin_token: Option<String>,
-    /// The token that the privileged parts of a call need: `force`,
-    /// `reserve`, a limit brought inline, and `/v1/refund`. `None` leaves
-    /// them open to every caller.
-    pub api_token: Option<String>,
-    /// The Prometheus exposition, when a recorder is installed.
-    pub metrics: Option<Metrics>,
-    /// Why the last policy reload failed, while the old policy serves.
-    pub reload_error: arc_swap::ArcSwapOption<String>,
-    /// The live dashboard (`/ui`, `/v1/stats`); `None` answers them 404.
-    pub dashboard: Option<Arc<Dashboard>>,
-}
 
 /// The server's routes, as one service.
 ///
 /// ```
 /// # use std::sync::Arc;
 /// use axum::body::Body;
-/// use sluice::serve::{AnyStore, AppState, app};
+/// use sluice::serve::{AnyStore, ServerState, app};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
@@ -68,7 +47,7 @@ pub struct AppState<C = SystemClock> {
 ///     "limits: {login: {algorithm: token_bucket, algorithm_config: {rate: 1, period: 60, burst: 1}}}",
 ///     "policy.yaml",
 /// )?;
-/// let state = Arc::new(AppState {
+/// let state = Arc::new(ServerState {
 ///     enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
 ///     api_token: None,
@@ -89,7 +68,7 @@ pub struct AppState<C = SystemClock> {
 /// # })?;
 /// # Ok::<_, Box<dyn std::error::Error>>(())
 /// ```
-pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> {
+pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<ServerState<C>>) -> Api<C> {
     Api {
         router: router(Arc::clone(&state)),
         state,
@@ -105,13 +84,13 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 /// ```
 /// # use std::sync::Arc;
 /// use axum::body::Body;
-/// use sluice::serve::{AnyStore, Api, AppState, app};
+/// use sluice::serve::{AnyStore, Api, ServerState, app};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
 /// use tower::ServiceExt;
 ///
-/// let api: Api = app(Arc::new(AppState {
+/// let api: Api = app(Arc::new(ServerState {
 ///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
 ///     api_token: None,
@@ -129,7 +108,7 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Api<C> 
 /// # Ok::<_, Box<dyn std::error::Error>>(())
 /// ```
 pub struct Api<C = SystemClock> {
-    state: Arc<AppState<C>>,
+    state: Arc<ServerState<C>>,
     router: Router,
 }
 
@@ -174,9 +153,9 @@ where
 
 /// Every route of the router. `/openapi.json` must describe each path,
 /// which the tests check against [`paths`].
-fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Arc<AppState<C>>>); 14]
-{
-    [
+fn routes<C: Clock + Send + Sync + 'static>()
+-> Vec<(&'static str, MethodRouter<Arc<ServerState<C>>>)> {
+    let api = [
         ("/v1/limit", post(limit::<C>)),
         ("/v1/check", post(check::<C>)),
         ("/v1/refund", post(refund::<C>)),
@@ -185,16 +164,12 @@ fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Ar
         ("/v1/reset", post(reset::<C>)),
         ("/v1/value", get(value::<C>)),
         ("/v1/decide", post(decide::<C>)),
-        ("/metrics", get(metrics::<C>)),
-        ("/healthz", get(|| async { "ok\n" })),
-        ("/readyz", get(readyz::<C>)),
-        (dashboard::UI, get(ui::<C>)),
-        (dashboard::STATS, get(stats::<C>)),
         (
             "/openapi.json",
             get(|| async { crate::openapi::response(crate::openapi::SERVE) }),
         ),
-    ]
+    ];
+    api.into_iter().chain(crate::ops::routes::<C>()).collect()
 }
 
 /// The paths the decision API answers.
@@ -203,10 +178,13 @@ fn routes<C: Clock + Send + Sync + 'static>() -> [(&'static str, MethodRouter<Ar
 /// assert!(sluice::serve::paths().contains(&"/v1/limit"));
 /// ```
 pub fn paths() -> Vec<&'static str> {
-    routes::<SystemClock>().map(|(path, _)| path).into()
+    routes::<SystemClock>()
+        .into_iter()
+        .map(|(path, _)| path)
+        .collect()
 }
 
-fn router<C: Clock + Send + Sync + 'static>(state: Arc<AppState<C>>) -> Router {
+fn router<C: Clock + Send + Sync + 'static>(state: Arc<ServerState<C>>) -> Router {
     routes::<C>()
         .into_iter()
         .fold(Router::new(), |router, (path, method)| {
@@ -446,7 +424,7 @@ fn store_failed(e: &StoreError) -> Response {
 }
 
 async fn call<C: Clock + Send + Sync + 'static>(
-    state: &AppState<C>,
+    state: &ServerState<C>,
     req: Request,
     consume: bool,
 ) -> Response {
@@ -549,14 +527,14 @@ async fn call<C: Clock + Send + Sync + 'static>(
 }
 
 async fn limit<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     call(&s, req, true).await
 }
 
 async fn check<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     call(&s, req, false).await
@@ -584,7 +562,7 @@ struct Refund {
 /// key that others emptied, so it is privileged; the token is checked
 /// before the body is read.
 async fn refund<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     if let Some(refused) = privilege_refusal(&s, req.headers(), "/v1/refund") {
@@ -634,7 +612,7 @@ struct Acquired {
 /// Takes `count` slots (1 by default) of a key of a concurrency limit under
 /// a new lease: 200 with the lease, or 429 when the key's slots are taken.
 async fn acquire<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     let a: Acquire = match json(req).await {
@@ -690,7 +668,7 @@ struct Release {
 /// Gives a lease's slots back. Releasing a lease that is unknown, expired
 /// or released already is no error: the answer says it released nothing.
 async fn release<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     let r: Release = match json(req).await {
@@ -720,7 +698,7 @@ async fn release<C: Clock + Send + Sync + 'static>(
 }
 
 /// Whether `headers` carry the admin token as a bearer token.
-fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
+fn is_admin<C>(state: &ServerState<C>, headers: &HeaderMap) -> bool {
     state
         .admin_token
         .as_deref()
@@ -730,7 +708,7 @@ fn is_admin<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
 /// Whether `headers` carry the API token or the admin token as a bearer
 /// token. The admin token does whatever the API token does: whoever holds
 /// it may reset any key, more than a privileged call can do.
-fn carries_a_token<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
+fn carries_a_token<C>(state: &ServerState<C>, headers: &HeaderMap) -> bool {
     let api = state
         .api_token
         .as_deref()
@@ -742,7 +720,11 @@ fn carries_a_token<C>(state: &AppState<C>, headers: &HeaderMap) -> bool {
 /// none when the call carries it or the server has no API token, which
 /// leaves privileged calls open to every caller (the server says so when
 /// it starts).
-fn privilege_refusal<C>(state: &AppState<C>, headers: &HeaderMap, what: &str) -> Option<Response> {
+fn privilege_refusal<C>(
+    state: &ServerState<C>,
+    headers: &HeaderMap,
+    what: &str,
+) -> Option<Response> {
     if state.api_token.is_none() || carries_a_token(state, headers) {
         return None;
     }
@@ -765,7 +747,7 @@ fn bearer_needed(detail: String) -> Response {
 /// address they reach. The dashboard's paths answer by a rule of their
 /// own, and the operational endpoints, which change nothing and name no
 /// key, answer anyone.
-fn page_refusal<C>(state: &AppState<C>, req: &Request) -> Option<Response> {
+fn page_refusal<C>(state: &ServerState<C>, req: &Request) -> Option<Response> {
     let path = req.uri().path();
     if !path.starts_with("/v1/") || path == dashboard::STATS {
         return None;
@@ -791,7 +773,7 @@ struct KeyRef {
 }
 
 async fn reset<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     if !is_admin(&s, req.headers()) {
@@ -821,7 +803,7 @@ async fn reset<C: Clock + Send + Sync + 'static>(
 }
 
 async fn value<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     query: Result<Query<KeyRef>, axum::extract::rejection::QueryRejection>,
 ) -> Response {
     let Query(r) = match query {
@@ -892,7 +874,7 @@ struct DecideAnswer {
 }
 
 async fn decide<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
+    State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
     let e: Event = match json(req).await {
@@ -953,32 +935,4 @@ fn decided(v: &Verdict) -> Response {
         headers,
     };
     (status, axum::Json(answer)).into_response()
-}
-
-async fn metrics<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<C>>>) -> Response {
-    metrics_page(s.metrics.as_ref(), s.enforcer.store())
-}
-
-async fn readyz<C: Clock + Send + Sync + 'static>(State(s): State<Arc<AppState<C>>>) -> Response {
-    readiness(s.enforcer.store(), &s.reload_error)
-}
-
-async fn ui<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
-    headers: HeaderMap,
-) -> Response {
-    dashboard::page(s.dashboard.as_deref(), s.admin_token.as_deref(), &headers)
-}
-
-async fn stats<C: Clock + Send + Sync + 'static>(
-    State(s): State<Arc<AppState<C>>>,
-    headers: HeaderMap,
-) -> Response {
-    dashboard::stats(
-        s.dashboard.as_deref(),
-        s.admin_token.as_deref(),
-        &headers,
-        &s.enforcer,
-        &s.reload_error,
-    )
 }

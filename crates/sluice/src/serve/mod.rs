@@ -18,11 +18,12 @@ use sluice_core::Clock;
 use sluice_policy::Policy;
 use tower::ServiceExt;
 
-pub use api::{Api, AppState, MAX_BODY, app, paths};
+pub use api::{Api, MAX_BODY, app, paths};
 pub(crate) use rls::grpc_server;
 pub use rls::{Rls, serve_grpc};
-// What an `AppState` is made of, so that one can be built from here alone.
+// What a `ServerState` is made of, so that one can be built from here alone.
 pub use crate::dashboard::Dashboard;
+pub use crate::ops::ServerState;
 pub use crate::server::{AnyStore, Metrics};
 
 use crate::flags::{PolicyFile, StoreFlag, Threads};
@@ -99,7 +100,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
                  to any caller who can reach the decision API"
             );
         }
-        let state = Arc::new(AppState {
+        let state = Arc::new(ServerState {
             dashboard: Some(Dashboard::start(&enforcer, policy_file)),
             enforcer,
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
@@ -138,7 +139,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
 /// seconds to send a request's headers and `body_timeout` to send its body.
 pub async fn serve<C: Clock + Send + Sync + 'static>(
     listener: Listener,
-    state: Arc<AppState<C>>,
+    state: Arc<ServerState<C>>,
     body_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {

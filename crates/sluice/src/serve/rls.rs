@@ -30,19 +30,19 @@ use sluice_policy::{Enforcement, NamedLimit, Policy, Rule, RuleHit};
 use smallvec::SmallVec;
 use tonic::{Request, Response, Status};
 
-use super::AppState;
 use crate::listen::Listener;
+use crate::ops::ServerState;
 
 /// The gRPC service: Envoy's `RateLimitService` answered from the policy's
 /// rules that name a `domain`.
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use sluice::serve::{AnyStore, AppState, Rls};
+/// use sluice::serve::{AnyStore, ServerState, Rls};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
-/// let state = Arc::new(AppState {
+/// let state = Arc::new(ServerState {
 ///     enforcer: Arc::new(Enforcer::new(Policy::default(), AnyStore::Memory(MemoryStore::new()))),
 ///     admin_token: None,
 ///     api_token: None,
@@ -53,12 +53,12 @@ use crate::listen::Listener;
 /// let _server = Rls::new(state).into_server();
 /// ```
 pub struct Rls<C> {
-    state: Arc<AppState<C>>,
+    state: Arc<ServerState<C>>,
 }
 
 impl<C: Clock + Send + Sync + 'static> Rls<C> {
     /// The service over the server's shared state.
-    pub fn new(state: Arc<AppState<C>>) -> Self {
+    pub fn new(state: Arc<ServerState<C>>) -> Self {
         Rls { state }
     }
 
@@ -81,7 +81,7 @@ const KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 /// with `CANCELLED`.
 pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
     listener: Listener,
-    state: Arc<AppState<C>>,
+    state: Arc<ServerState<C>>,
     call_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {

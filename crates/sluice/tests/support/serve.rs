@@ -8,7 +8,7 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use http_body_util::channel::Channel;
 use hyper::body::Frame;
-use sluice::serve::{AnyStore, AppState, app};
+use sluice::serve::{AnyStore, ServerState, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
@@ -32,15 +32,15 @@ rules:
 
 /// A server state on a stopped clock: every call happens at the same
 /// instant, so the numbers the tests expect are exact.
-pub(crate) fn state(token: Option<&str>) -> Arc<AppState<FakeClock>> {
+pub(crate) fn state(token: Option<&str>) -> Arc<ServerState<FakeClock>> {
     state_of(POLICY, token)
 }
 
 /// [`state`] with another policy.
-pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeClock>> {
+pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<ServerState<FakeClock>> {
     let policy = Policy::from_str(policy, "policy.yaml").unwrap();
     let store = MemoryStore::with_clock(FakeClock::new(Nanos::ZERO));
-    Arc::new(AppState {
+    Arc::new(ServerState {
         enforcer: Arc::new(Enforcer::new(policy, AnyStore::Memory(store))),
         admin_token: token.map(str::to_owned),
         api_token: None,
@@ -52,7 +52,7 @@ pub(crate) fn state_of(policy: &str, token: Option<&str>) -> Arc<AppState<FakeCl
 
 /// `GET uri` without credentials: [`call`]'s status, content type and body.
 pub(crate) async fn get<C: sluice_core::Clock + Send + Sync + 'static>(
-    s: &Arc<AppState<C>>,
+    s: &Arc<ServerState<C>>,
     uri: &str,
 ) -> (u16, String, serde_json::Value) {
     call(s, "GET", uri, Body::empty(), None).await
@@ -62,7 +62,7 @@ pub(crate) async fn get<C: sluice_core::Clock + Send + Sync + 'static>(
 /// content type and the body as JSON (`null` when it is none). A POST's
 /// body is sent as `application/json`.
 pub(crate) async fn call<C: sluice_core::Clock + Send + Sync + 'static>(
-    s: &Arc<AppState<C>>,
+    s: &Arc<ServerState<C>>,
     method: &str,
     uri: &str,
     body: impl Into<Body>,
