@@ -3,6 +3,11 @@
 -- agree bit for bit. Each transaction is all-or-nothing on its own; they are
 -- decided in order, each seeing what the ones before it committed.
 --
+-- A function that restates one of sluice-core (a twin) says so in a line
+-- `-- twin of <file> <function>` above it, and mirror.txt, beside this
+-- file, records both sides' digests: sluice-redis's tests/lua_mirror.rs
+-- fails when one changes without the other.
+--
 -- Times are in units of ARGV[1] nanoseconds. A state, by its length:
 --   16 bytes, token bucket and fixed window: '<dd' tokens, ts. Its TTL is
 --     the time until the bucket is full again; a full bucket is deleted,
@@ -196,10 +201,18 @@ local function idiv(a, b)
   return q
 end
 
+-- The start of the window containing t, for windows at origin + k period.
+-- twin of algorithm.rs window_start
+local function window_start(t, origin, period)
+  return origin + idiv(t - origin, period) * period
+end
+
 -- The state of a key at now under limit l: refilled (token bucket) or rolled
 -- over (fixed window). `tokens` false: no state. The loop below repeats the
--- token bucket's case inline for its common lone op.
-local function advance(l, tokens, ts, origin)
+-- token bucket's case inline for its common lone op. One function for the
+-- four of algorithm.rs: a call costs Redis's thread as much as its body.
+-- twin of algorithm.rs tb_refill, fw_roll, calendar_roll, refill
+local function refill(l, tokens, ts, origin)
   if kind[l] == 1 then
     if not tokens then return p3[l], now end
     local e = now - ts
@@ -226,7 +239,7 @@ local function advance(l, tokens, ts, origin)
   end
   local period = p2[l]
   if not tokens then
-    return p3[l], origin + idiv(now - origin, period) * period
+    return p3[l], window_start(now, origin, period)
   end
   local e = now - ts
   if e < 0 then e = 0 end
@@ -248,6 +261,28 @@ local function commit(k, t, ts, l)
   raw[k] = false
 end
 
+-- When the state t at ts of a limit l key is full again, for its TTL: as
+-- nanoseconds after ts, since a bucket's is no whole number of units. A
+-- full state is deleted, so t is below the capacity.
+-- twin of algorithm.rs full_at
+local function full_after(l, t, ts)
+  local missing = p3[l] - t
+  if kind[l] == 1 then return missing * p2[l] / p1[l] end
+  local w = missing / p1[l]
+  local c = w - w % 1
+  if c < w then c = c + 1 end
+  if kind[l] == 6 then
+    -- The boundary that many windows after ts. The script is given every
+    -- boundary a key can wait for; past them, a year a window keeps it
+    -- long enough.
+    local b = bnd[l]
+    local at = b[last_at(b, ts) + c]
+    if at then return (at - ts) * unit end
+    return c * 31622400000000000
+  end
+  return c * p2[l] * unit
+end
+
 -- A key whose state is of another kind than its limit now keeps (the limit
 -- changed kind) comes back as the fullest state of the new kind that has
 -- counted nothing by the time the old one would have (its TTL), as the
@@ -262,7 +297,9 @@ local function ghost_end(k)
   return now + c
 end
 
--- The token bucket or fixed window ghost of key k, into tok and tsv.
+-- The token bucket or fixed window ghost of key k, into tok and tsv:
+-- emptiest_full_by with ghost_end for its full_at, and least_tokens inline.
+-- twin of algorithm.rs emptiest_full_by, least_tokens
 local function flat_ghost(k, l, origin)
   blob[k] = nil
   local e = ghost_end(k)
@@ -288,7 +325,7 @@ local function flat_ghost(k, l, origin)
     local b = w - w % 1
     if b < w then b = b + 1 end
     tok[k] = p3[l] - p1[l] * b
-    tsv[k] = origin + idiv(now - origin, p2[l]) * p2[l]
+    tsv[k] = window_start(now, origin, p2[l])
   end
   raw[k] = false
 end
@@ -301,46 +338,12 @@ local out, nout = {}, 0
 
 -- ---- The sliding algorithms, as sluice_core::sliding decides them ----
 
--- a + b, and whether that is exact (the TwoSum error term is 0).
-local function add_exact(a, b)
-  local s = a + b
-  local bb = s - a
-  local err = (a - (s - bb)) + (b - bb)
-  return s, err == 0
-end
-
--- Sliding window states: wgot[k] is nil before the key is decoded, false
--- for no state, true for the state in wcur, wws, wprev.
-local wgot, wcur, wws, wprev = {}, {}, {}, {}
-local function window_of(k, l, origin)
-  local got = wgot[k]
-  if got == nil then
-    local v = blob[k]
-    got = v ~= nil and #v == 24
-    if got then
-      wcur[k], wws[k], wprev[k] = unpack_s('<ddd', v)
-    elseif v or tok[k] then
-      -- sliding_window's window_emptiest: the whole rate counted in the
-      -- window two periods before the first boundary at or after the end.
-      local e = ghost_end(k)
-      if e then
-        local p = p2[l]
-        local boundary = origin + idiv(e - 1 - origin, p) * p + p
-        got = true
-        wcur[k], wws[k], wprev[k] = p1[l], boundary - 2 * p, 0
-      end
-    end
-    wgot[k] = got
-  end
-  if got then return true, wcur[k], wws[k], wprev[k] end
-  return false
-end
-
 -- The window state at now: rolled on by whole periods, or new on the
 -- key's alignment.
+-- twin of sliding.rs roll
 local function roll(l, has, cur, ws, prev, origin)
   local p = p2[l]
-  if not has then return origin + idiv(now - origin, p) * p, 0, 0 end
+  if not has then return window_start(now, origin, p), 0, 0 end
   local e = now - ws
   if e < 0 then e = 0 end
   local k = idiv(e, p)
@@ -351,6 +354,7 @@ end
 
 -- The previous window's count, weighted by its share still in the period
 -- that ends at now (in nanoseconds, as sluice-core divides).
+-- twin of sliding.rs weighted
 local function weighted(l, ws, prev)
   local p = p2[l]
   local e = now - ws
@@ -359,13 +363,82 @@ local function weighted(l, ws, prev)
   return prev * ((p - e) * unit) / (p * unit)
 end
 
-local function window_commit(k, l, ws, cur, prev)
+-- When a window state has counted nothing any more, and may go.
+-- twin of sliding.rs window_empty_at
+local function window_empty_at(l, ws, cur, prev)
   local n = 0
   if cur > 0 then n = 2 elseif prev > 0 then n = 1 end
-  local got = ws + n * p2[l] > now
+  return ws + n * p2[l]
+end
+
+-- Sliding window states: wgot[k] is nil before the key is decoded, false
+-- for no state, true for the state in wcur, wws, wprev.
+local wgot, wcur, wws, wprev = {}, {}, {}, {}
+-- Key k's window state, decoded once. A key of another kind comes back as
+-- window_emptiest makes it: the whole rate counted in the window two
+-- periods before the first boundary at or after the end.
+-- twin of sliding.rs window_emptiest
+local function window_of(k, l, origin)
+  local got = wgot[k]
+  if got == nil then
+    local v = blob[k]
+    got = v ~= nil and #v == 24
+    if got then
+      wcur[k], wws[k], wprev[k] = unpack_s('<ddd', v)
+    elseif v or tok[k] then
+      local e = ghost_end(k)
+      if e then
+        local p = p2[l]
+        local boundary = window_start(e - 1, origin, p) + p
+        got = true
+        wcur[k], wws[k], wprev[k] = p1[l], boundary - 2 * p, 0
+      end
+    end
+    wgot[k] = got
+  end
+  if got then return true, wcur[k], wws[k], wprev[k] end
+  return false
+end
+
+local function window_commit(k, l, ws, cur, prev)
+  local got = window_empty_at(l, ws, cur, prev) > now
   wgot[k] = got
   if got then wcur[k], wws[k], wprev[k] = cur, ws, prev end
   wlim[k] = l
+end
+
+-- Pending sliding writes of the transaction being decided (several ops
+-- only): window states by key (and the keys in the order first written),
+-- logged costs by key (their sum) and in op order (each one committed as
+-- it came, as the memory store commits them).
+local pwin, pworder, plog, plist, nplist
+
+-- The window state op key k sees: its transaction's pending one, or the
+-- committed one.
+local function window_seen(k, l, origin)
+  if pwin and pwin[k] then
+    local w = pwin[k]
+    return true, w[2], w[1], w[3]
+  end
+  return window_of(k, l, origin)
+end
+
+-- Key x's window under op limit l: as seen, rolled on to now, and the
+-- previous window's count weighted at now.
+-- twin of sliding.rs window_evaluate, window_settle
+local function window_state(x, l, origin)
+  local has, cur, ws, prev = window_seen(x, l, origin)
+  local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
+  return has, cur, ws, prev, rws, rcur, rprev, weighted(l, rws, rprev)
+end
+
+-- a + b, and whether that is exact (the TwoSum error term is 0).
+-- twin of sliding.rs add_exact
+local function add_exact(a, b)
+  local s = a + b
+  local bb = s - a
+  local err = (a - (s - bb)) + (b - bb)
+  return s, err == 0
 end
 
 -- A log's and a key's leases are kept as Redis holds them, head and all:
@@ -380,6 +453,10 @@ local LOG_HEAD, LEASE_HEAD = 9, 10
 -- Sliding logs: lent[k] is nil before the key is decoded, else its entries
 -- (16 bytes each) after a head, with lused[k] and linex[k] the head's.
 local lent, lused, linex = {}, {}, {}
+-- Key k's log, decoded once. A key of another kind comes back as
+-- Log::emptiest makes it: the whole rate, logged a period before the end
+-- (or now, if that is earlier).
+-- twin of sliding.rs Log::emptiest
 local function log_of(k, l)
   local e = lent[k]
   if e == nil then
@@ -392,8 +469,6 @@ local function log_of(k, l)
       e = pack_s('<dB', 0, 0)
       local ends = (v or tok[k]) and ghost_end(k)
       if ends then
-        -- Log::emptiest: the whole rate, logged a period before the end
-        -- (or now, if that is earlier).
         local t = ends - p2[l]
         if t > now then t = now end
         e, lused[k] = e .. pack_s('<dd', t, p1[l]), p1[l]
@@ -418,26 +493,6 @@ end
 -- its first double.
 local function time_of(e, i, size, base)
   return (unpack_s('<d', e, base + i * size - size + 1))
-end
-
--- The time records are read at: never before the newest one.
-local function read_at(e, size, base)
-  local n = count(e, size, base)
-  if n > 0 then
-    local t = time_of(e, n, size, base)
-    if t > now then return t end
-  end
-  return now
-end
-
--- How many records, oldest first, are at or before cutoff.
-local function expired(e, cutoff, size, base)
-  local lo, hi = 0, count(e, size, base)
-  while lo < hi do
-    local mid = floor((lo + hi) / 2)
-    if time_of(e, mid + 1, size, base) <= cutoff then lo = mid + 1 else hi = mid end
-  end
-  return lo
 end
 
 -- e without its first `gone` records, made in one string: the bytes before
@@ -468,6 +523,7 @@ end
 -- The sum of the second fields (a log's costs, a key's slots) of records
 -- i..j of e, oldest first from `from` (or subtracted from it, with sign
 -- -1), and whether every step was exact.
+-- twin of sliding.rs fold
 local function sum_span(e, i, j, fmt, fields, size, base, from, sign)
   local sum, exact = from, true
   while i <= j do
@@ -483,10 +539,46 @@ local function sum_span(e, i, j, fmt, fields, size, base, from, sign)
   return sum, exact
 end
 
+-- The time records are read at: never before the newest one.
+-- twin of sliding.rs Log::at; concurrency.rs Leases::at
+local function read_at(e, size, base)
+  local n = count(e, size, base)
+  if n > 0 then
+    local t = time_of(e, n, size, base)
+    if t > now then return t end
+  end
+  return now
+end
+
+-- How many records, oldest first, are at or before cutoff.
+-- twin of sliding.rs Log::expired; concurrency.rs Leases::expired
+local function expired(e, cutoff, size, base)
+  local lo, hi = 0, count(e, size, base)
+  while lo < hi do
+    local mid = floor((lo + hi) / 2)
+    if time_of(e, mid + 1, size, base) <= cutoff then lo = mid + 1 else hi = mid end
+  end
+  return lo
+end
+
+-- The sum of the costs of the entries after the first `live`, and whether
+-- it is exact.
+-- twin of sliding.rs Log::sum_from
+local function sum_from(e, used, inexact, live)
+  if live == 0 then return used, inexact == 0 end
+  local n = count(e, 16, LOG_HEAD)
+  if inexact == 0 and live <= n - live then
+    local u, exact = sum_span(e, 1, live, 'dd', 2, 16, LOG_HEAD, used, -1)
+    if exact then return u, true end
+  end
+  return sum_span(e, live + 1, n, 'dd', 2, 16, LOG_HEAD, 0, 1)
+end
+
 -- The first record from i on (oldest first) at which `left`, less the
 -- second fields of the records up to it, leaves room for cost under max:
 -- its time, or false if none does, and what is left after every record
 -- walked. The walk decodes more at each step, since most end at once.
+-- twin of sliding.rs Log::frees_at; concurrency.rs Leases::read
 local function walk(e, i, n, fmt, fields, size, base, left, cost, max)
   local m = 4
   while i <= n do
@@ -505,6 +597,7 @@ end
 -- The first record from n down to i (newest first) whose second field,
 -- with those of the records after it, comes to more than keep: its time,
 -- or false if none does (Leases::read's walk from the newest end).
+-- twin of concurrency.rs Leases::read
 local function walk_back(e, i, n, fmt, fields, size, base, keep)
   local m, newer = 4, 0
   while n >= i do
@@ -520,20 +613,10 @@ local function walk_back(e, i, n, fmt, fields, size, base, keep)
   return false
 end
 
--- The sum of the costs of the entries after the first `live`, and whether
--- it is exact: Log::sum_from.
-local function sum_from(e, used, inexact, live)
-  if live == 0 then return used, inexact == 0 end
-  local n = count(e, 16, LOG_HEAD)
-  if inexact == 0 and live <= n - live then
-    local u, exact = sum_span(e, 1, live, 'dd', 2, 16, LOG_HEAD, used, -1)
-    if exact then return u, true end
-  end
-  return sum_span(e, live + 1, n, 'dd', 2, 16, LOG_HEAD, 0, 1)
-end
-
--- Log::read: the reading of key k's log for a call of cost after pending,
--- as at, used, newest (false if none), frees_at.
+-- The reading of key k's log for a call of cost after pending, as at,
+-- used, newest (false if none), frees_at, whose walk past the entries to
+-- the pending cost is here.
+-- twin of sliding.rs Log::read, Log::frees_at
 local function log_read(k, l, pending, cost)
   local e, used, inexact = log_of(k, l)
   local at = read_at(e, 16, LOG_HEAD)
@@ -556,8 +639,9 @@ local function log_read(k, l, pending, cost)
   return at, u, newest, frees
 end
 
--- Log::commit: logs cost at now (at the newest entry's time if later),
--- after dropping the entries that have left.
+-- Logs cost at now (at the newest entry's time if later), after dropping
+-- the entries that have left (Log::expire, here).
+-- twin of sliding.rs Log::commit, Log::expire
 local function log_commit(k, l, cost)
   local e, used, inexact = log_of(k, l)
   local at = read_at(e, 16, LOG_HEAD)
@@ -591,33 +675,10 @@ end
 -- Settling and concurrency: see use_rare, below.
 local use_rare
 
--- Pending sliding writes of the transaction being decided (several ops
--- only): window states by key (and the keys in the order first written),
--- logged costs by key (their sum) and in op order (each one committed as
--- it came, as the memory store commits them).
-local pwin, pworder, plog, plist, nplist
-
--- The window state op key k sees: its transaction's pending one, or the
--- committed one.
-local function window_seen(k, l, origin)
-  if pwin and pwin[k] then
-    local w = pwin[k]
-    return true, w[2], w[1], w[3]
-  end
-  return window_of(k, l, origin)
-end
-
 -- An op on a sliding limit: picks the fuller of its keys, decides, keeps
 -- or commits what it admits, and appends what it saw to the reply.
 -- Returns whether it was admitted.
--- Key x's window under op limit l: as seen, rolled on to now, and the
--- previous window's count weighted at now.
-local function window_state(x, l, origin)
-  local has, cur, ws, prev = window_seen(x, l, origin)
-  local rws, rcur, rprev = roll(l, has, cur, ws, prev, origin)
-  return has, cur, ws, prev, rws, rcur, rprev, weighted(l, rws, rprev)
-end
-
+-- twin of sliding.rs window_evaluate, LogReading::decide
 local function sliding_op(ctl, a, b, l, cost, origin, single)
   local rate = p1[l]
   local pick, k = 0, a
@@ -666,7 +727,7 @@ local function sliding_op(ctl, a, b, l, cost, origin, single)
     if single then
       if ctl % 2 == 1 then
         if kind[l] == 5 then
-          use_rare().lease_commit(k, l, cost, origin)
+          use_rare().lease_acquire(k, l, cost, origin)
         else
           log_commit(k, l, cost)
         end
@@ -703,6 +764,7 @@ use_rare = function()
   if rare then return rare end
   -- Log::settle's refund: takes cost back from the newest entries first,
   -- after dropping the entries that have left, and sums what is left afresh.
+  -- twin of sliding.rs Log::settle, Log::expire
   local function log_refund(k, l, cost)
     local e = log_of(k, l)
     local at = read_at(e, 16, LOG_HEAD)
@@ -731,6 +793,9 @@ use_rare = function()
   -- leases (24 bytes each) after a head, and lsheld[k] the slots they hold
   -- (Leases::held), kept beside them so that no call adds up every lease.
   local lsent, lsheld = {}, {}
+  -- Key k's leases, decoded once. A key of another kind comes back as
+  -- Leases::emptiest makes it: every slot, under a lease no id releases.
+  -- twin of concurrency.rs Leases::emptiest
   local function leases_of(k, l)
     local e = lsent[k]
     if e == nil then
@@ -749,7 +814,6 @@ use_rare = function()
         e = rep('\0', LEASE_HEAD)
         local ends = (v or tok[k]) and ghost_end(k)
         if ends then
-          -- Leases::emptiest: every slot, under a lease no id releases.
           local t = ends - p2[l]
           if t > now then t = now end
           e, held = e .. pack_s('<ddd', t, p1[l], 0), p1[l]
@@ -765,8 +829,9 @@ use_rare = function()
     return unpack_s('<ddd', e, LEASE_HEAD + i * 24 - 23)
   end
 
-  -- Leases::held_after: the slots of the leases after the first `gone`,
-  -- from whichever side has fewer to add up.
+  -- The slots of the leases after the first `gone`, from whichever side
+  -- has fewer to add up.
+  -- twin of concurrency.rs Leases::held_after
   local function held_after(e, held, gone)
     if gone == 0 then return held end
     local n = count(e, 24, LEASE_HEAD)
@@ -776,8 +841,9 @@ use_rare = function()
     return (sum_span(e, gone + 1, n, 'ddd', 3, 24, LEASE_HEAD, 0, 1))
   end
 
-  -- Leases::read: the reading of key k for a call of cost after pending,
-  -- as at, used, newest (false if none), frees_at.
+  -- The reading of key k for a call of cost after pending, as at, used,
+  -- newest (false if none), frees_at.
+  -- twin of concurrency.rs Leases::read
   local function lease_read(k, l, pending, cost)
     local e, held = leases_of(k, l)
     local at = read_at(e, 24, LEASE_HEAD)
@@ -799,10 +865,10 @@ use_rare = function()
     return at, used, newest, frees
   end
 
-  -- Leases::acquire and Leases::release: drop the expired leases, then take
-  -- cost slots under id, or give back lease id (returning whether it was
-  -- held).
-  local function lease_live(k, l)
+  -- Drops key k's expired leases, as at the start of Leases::acquire and
+  -- Leases::release, read at the time Leases::at gives.
+  -- twin of concurrency.rs Leases::expire
+  local function lease_expire(k, l)
     local e, held = leases_of(k, l)
     local at = read_at(e, 24, LEASE_HEAD)
     local gone = expired(e, at - p2[l], 24, LEASE_HEAD)
@@ -813,16 +879,20 @@ use_rare = function()
     wlim[k] = l
     return e, held, at
   end
-  local function lease_commit(k, l, cost, id)
-    local e, held, at = lease_live(k, l)
+  -- Takes cost slots under lease id.
+  -- twin of concurrency.rs Leases::acquire
+  local function lease_acquire(k, l, cost, id)
+    local e, held, at = lease_expire(k, l)
     if cost > 0 then
       e = e .. pack_s('<ddd', at, cost, id)
       held = held + cost
     end
     lsent[k], lsheld[k] = e, held
   end
+  -- Gives back lease id; returns whether it was still held.
+  -- twin of concurrency.rs Leases::release
   local function lease_release(k, l, id)
-    local e, held = lease_live(k, l)
+    local e, held = lease_expire(k, l)
     -- The id's bytes, found by a search in C; a match inside another
     -- field of a lease, or in the head, is skipped. Ids are whole numbers
     -- below 2^53, so equal ids are equal bytes.
@@ -849,6 +919,7 @@ use_rare = function()
   -- sliding::window_settle and Log::settle make them. Committed at once: a
   -- settlement is never refused, and a transaction of them names each key
   -- once. Appends what the key holds after it to the reply.
+  -- twin of algorithm.rs settle; sliding.rs window_settle, Log::settle
   local function settle_op(k, l, cost, origin, how)
     local refund, once = how == 64, how == 96
     nout = nout + 1
@@ -876,7 +947,7 @@ use_rare = function()
       out[nout] = pack_s('<Bdddd', newest and 6 or 2, at, used, newest or 0, frees)
     else
       local st, sts = flat_read(k, l, origin)
-      local avail, ts = advance(l, st, sts, origin)
+      local avail, ts = refill(l, st, sts, origin)
       local t
       if refund then
         t = avail + cost
@@ -921,7 +992,7 @@ use_rare = function()
     lsheld = lsheld,
     lease = lease,
     lease_read = lease_read,
-    lease_commit = lease_commit,
+    lease_acquire = lease_acquire,
     settle_op = settle_op,
     release_op = release_op,
   }
@@ -1010,10 +1081,10 @@ for i = 0, nops - 1 do
     else
       local k, pick = a, 0
       local st, sts, seen = flat_read(a, l, origin)
-      local avail, ts = advance(l, st, sts, origin)
+      local avail, ts = refill(l, st, sts, origin)
       if b ~= a then
         local sb, sbts, seenb = flat_read(b, l, origin)
-        local availb, tsb = advance(l, sb, sbts, origin)
+        local availb, tsb = refill(l, sb, sbts, origin)
         if availb > avail then
           k, pick, st, sts, avail, ts, seen = b, 1, sb, sbts, availb, tsb, seenb
         end
@@ -1066,7 +1137,7 @@ for i = 0, nops - 1 do
         for j = 1, nplist do
           local c = plist[j]
           if kind[c[2]] == 5 then
-            use_rare().lease_commit(c[1], c[2], c[3], c[4])
+            use_rare().lease_acquire(c[1], c[2], c[3], c[4])
           else
             log_commit(c[1], c[2], c[3])
           end
@@ -1107,10 +1178,8 @@ for k = 1, nkeys do
     local value, head, empty_at
     if kind[l] == 3 then
       if wgot[k] then
-        local n = 0
-        if wcur[k] > 0 then n = 2 elseif wprev[k] > 0 then n = 1 end
         value = pack_s('<ddd', wcur[k], wws[k], wprev[k])
-        empty_at = wws[k] + n * p2[l]
+        empty_at = window_empty_at(l, wws[k], wcur[k], wprev[k])
       end
     elseif kind[l] == 5 then
       local e = rare.lsent[k]
@@ -1140,26 +1209,7 @@ for k = 1, nkeys do
     local t = tok[k]
     if t then
       local ts = tsv[k]
-      local missing = p3[l] - t
-      local span
-      if kind[l] == 1 then
-        span = missing * p2[l] / p1[l]
-      elseif kind[l] == 6 then
-        -- algorithm.rs's full_at: the boundary that many windows after ts.
-        local w = missing / p1[l]
-        local c = w - w % 1
-        if c < w then c = c + 1 end
-        local b = bnd[l]
-        local at = b[last_at(b, ts) + c]
-        -- The script is given every boundary a key can wait for; past
-        -- them, a year a window keeps it long enough.
-        if at then span = (at - ts) * unit else span = c * 31622400000000000 end
-      else
-        local w = missing / p1[l]
-        local c = w - w % 1
-        if c < w then c = c + 1 end
-        span = c * p2[l] * unit
-      end
+      local span = full_after(l, t, ts)
       -- At least a millisecond more than the time to full (rounded up).
       local x = ((ts - now) * unit + span) / 1000000
       local ms = x - x % 1 + 2
