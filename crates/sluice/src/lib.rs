@@ -23,6 +23,30 @@ mod server;
 mod simulate;
 mod validate;
 
+// The README's and the docs' Rust examples, run as doctests so that none
+// shows code that does not compile or does not do what the page says
+// (`cargo test --doc -p sluice`). This crate depends on every crate the
+// pages show.
+#[cfg(doctest)]
+#[doc = include_str!("../../../README.md")]
+pub struct ReadmeExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/library.md")]
+pub struct LibraryExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/middleware.md")]
+pub struct MiddlewareExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/stores.md")]
+pub struct StoresExamples;
+
+#[cfg(doctest)]
+#[doc = include_str!("../../../docs/postgres.md")]
+pub struct PostgresExamples;
+
 /// Runs one command line.
 pub fn run(cli: cli::Cli) -> anyhow::Result<ExitCode> {
     match cli.command {

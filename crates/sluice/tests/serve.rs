@@ -1039,14 +1039,14 @@ async fn a_check_reports_what_would_remain_were_the_call_taken_and_takes_nothing
 }
 
 /// `/v1/decide` takes a request event as `sluice replay` reads it: the
-/// README's own line, `t` and all (the server decides at its own time).
+/// replay page's own line, `t` and all (the server decides at its own time).
 #[tokio::test]
 async fn decide_takes_a_request_event_as_the_replay_docs_write_it() {
-    let readme = include_str!("../../../README.md");
-    let event = readme
+    let page = include_str!("../../../docs/replay.md");
+    let event = page
         .lines()
         .find(|l| l.starts_with(r#"{"t":"#) && l.contains(r#""ip":"#))
-        .expect("the README shows a request event");
+        .expect("docs/replay.md shows a request event");
     let s = state(None);
     let (status, ctype, d) = call(&s, "POST", "/v1/decide", event.to_owned(), None).await;
     assert_eq!(
