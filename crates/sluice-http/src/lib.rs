@@ -8,8 +8,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use sluice_http::RateLimitLayer;
-//! use sluice_policy::{Condition, LimitKey, Policy, Rule};
+//! use sluice_http::{Condition, LimitKey, Policy, RateLimitLayer, Rule};
 //! let policy = Policy::builder()
 //!     .rule(Rule::builder("per-ip").key(LimitKey::IpAddress).token_bucket(20.0, 50.0))
 //!     .rule(
@@ -22,7 +21,7 @@
 //! let app: Router = Router::new()
 //!     .route("/api/items", get(|| async { "[]" }))
 //!     .layer(RateLimitLayer::in_memory(policy));
-//! # Ok::<(), sluice_policy::PolicyError>(())
+//! # Ok::<(), sluice_http::PolicyError>(())
 //! ```
 //!
 //! The same from a policy file, with the enforcer shared (with a reloader,
@@ -31,9 +30,7 @@
 //! ```
 //! use std::sync::Arc;
 //! use axum::{Router, routing::get};
-//! use sluice_core::MemoryStore;
-//! use sluice_http::{Enforcer, RateLimitLayer};
-//! use sluice_policy::Policy;
+//! use sluice_http::{Enforcer, MemoryStore, Policy, RateLimitLayer};
 //! let policy = Policy::from_str(r#"
 //! rules:
 //!   - name: per-ip
@@ -60,6 +57,12 @@ pub use limit::{
     DEFAULT_MAX_HELD, Holding, Leased, PolicySnapshot, RateLimit, RateLimitLayer, ResponseFuture,
 };
 pub use request::{HttpRequest, PeerAddr};
+/// What a service behind the layer needs besides it, so that this crate is
+/// its one dependency on Sluice: a policy, from a file or built in code,
+/// and the in-memory store. Other stores and the rest of the policy's
+/// types are in their own crates.
+pub use sluice_core::{MemoryStore, Store};
 /// The engine's types, here too since the layer cannot be built without
 /// an [`Enforcer`].
 pub use sluice_engine::{Enforcer, NamedDecision, Refusal, RuleDecision, ShadowDecision, Verdict};
+pub use sluice_policy::{Condition, LimitKey, Policy, PolicyError, Rule};

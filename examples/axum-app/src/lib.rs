@@ -8,9 +8,9 @@ use std::sync::Arc;
 
 use axum::Router;
 use axum::routing::get;
-use sluice_core::Store;
-use sluice_http::{Enforcer, RateLimitLayer};
-use sluice_policy::{Condition, LimitKey, Policy, PolicyError, Rule};
+use sluice_http::{
+    Condition, Enforcer, LimitKey, Policy, PolicyError, RateLimitLayer, Rule, Store,
+};
 
 /// The example's policy, compiled into the binary so it runs from anywhere.
 pub const POLICY: &str = include_str!("../policy.yaml");
@@ -28,8 +28,7 @@ pub fn policy() -> Result<Policy, PolicyError> {
 ///
 /// ```
 /// use std::sync::Arc;
-/// use sluice_core::MemoryStore;
-/// use sluice_http::Enforcer;
+/// use sluice_http::{Enforcer, MemoryStore};
 /// let enforcer = Arc::new(Enforcer::new(axum_app::policy().unwrap(), MemoryStore::new()));
 /// let _router = axum_app::app(enforcer);
 /// ```

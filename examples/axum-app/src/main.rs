@@ -4,8 +4,7 @@
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use sluice_core::MemoryStore;
-use sluice_http::Enforcer;
+use sluice_http::{Enforcer, MemoryStore};
 
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
