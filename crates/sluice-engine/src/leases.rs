@@ -73,16 +73,15 @@ pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &Held
 /// let enforcer = Enforcer::new(policy, MemoryStore::new());
 /// let req = RequestParts::new("POST", "/upload").with_ip([192, 0, 2, 1].into());
 /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-/// let policy = enforcer.policy();
-/// let mut first = rt.block_on(enforcer.enforce(&policy, &req));
+/// let mut first = rt.block_on(enforcer.enforce(&req));
 /// assert!(first.allowed);
 /// let slots = enforcer.hold(&mut first);
-/// assert!(!rt.block_on(enforcer.enforce(&policy, &req)).allowed, "one in flight");
+/// assert!(!rt.block_on(enforcer.enforce(&req)).allowed, "one in flight");
 /// rt.block_on(async move {
 ///     drop(slots);
 ///     tokio::task::yield_now().await;
 /// });
-/// assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
+/// assert!(rt.block_on(enforcer.enforce(&req)).allowed);
 /// ```
 #[must_use = "the slots are released as soon as this is dropped"]
 pub struct HeldLeases {

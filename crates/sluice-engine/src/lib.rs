@@ -29,8 +29,8 @@
 //! // One snapshot of the policy for the whole decision, even if a reload
 //! // puts another in force meanwhile.
 //! let policy = enforcer.policy();
-//! assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
-//! assert_eq!(rt.block_on(enforcer.enforce(&policy, &req)).denied_by(), Some("per-ip"));
+//! assert!(rt.block_on(enforcer.enforce(&req)).allowed);
+//! assert_eq!(rt.block_on(enforcer.enforce(&req)).denied_by(), Some("per-ip"));
 //! ```
 
 mod activity;

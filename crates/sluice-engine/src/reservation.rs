@@ -121,9 +121,8 @@ impl HeldMeter {
 /// let e = Enforcer::new(policy, MemoryStore::new());
 /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
 /// let rt = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
-/// let policy = e.policy();
-/// assert_eq!(rt.block_on(e.enforce_shaped(&policy, &req)).delay, None);
-/// let mut second = rt.block_on(e.enforce_shaped(&policy, &req));
+/// assert_eq!(rt.block_on(e.enforce_shaped(&req)).delay, None);
+/// let mut second = rt.block_on(e.enforce_shaped(&req));
 /// assert!(second.allowed && second.delay.is_some_and(|d| d <= Duration::from_millis(100)));
 /// let held = e.reservation(&mut second);
 /// assert_eq!(e.activity().held, 1);

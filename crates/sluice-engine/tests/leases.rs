@@ -99,7 +99,7 @@ async fn a_store_call_that_fails_after_taking_a_lease_gives_it_back() {
     let e = enforcer();
     let policy = e.policy();
     e.store().broken.store(true, Ordering::SeqCst);
-    let v = e.enforce(&policy, &upload()).await;
+    let v = e.enforce_with(&policy, &upload()).await;
     assert!(!v.allowed, "the rule fails closed");
     assert!(v.leases.is_empty());
     let jobs = policy.named_limit("jobs").unwrap();
@@ -108,7 +108,7 @@ async fn a_store_call_that_fails_after_taking_a_lease_gives_it_back() {
     e.store().broken.store(false, Ordering::SeqCst);
     // Both slots came back: without the release, each would be held for
     // the hour of its lease.
-    assert!(e.enforce(&policy, &upload()).await.allowed);
+    assert!(e.enforce_with(&policy, &upload()).await.allowed);
     assert!(
         e.acquire_named(jobs, "k", 1.0)
             .await
@@ -126,7 +126,7 @@ async fn a_request_abandoned_while_the_store_decides_gives_its_lease_back() {
     e.store().stalled.store(true, Ordering::SeqCst);
     {
         let req = upload();
-        let decision = e.enforce(&policy, &req);
+        let decision = e.enforce_with(&policy, &req);
         let mut decision = std::pin::pin!(decision);
         let waker = std::task::Waker::noop();
         let mut cx = std::task::Context::from_waker(waker);
@@ -138,5 +138,5 @@ async fn a_request_abandoned_while_the_store_decides_gives_its_lease_back() {
     }
     released().await;
     e.store().stalled.store(false, Ordering::SeqCst);
-    assert!(e.enforce(&policy, &upload()).await.allowed);
+    assert!(e.enforce_with(&policy, &upload()).await.allowed);
 }

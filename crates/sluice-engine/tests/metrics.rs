@@ -126,7 +126,7 @@ fn decisions_are_counted_by_rule_outcome_and_mode() {
         // denied (a shadow rule is consulted even when an enforced one denies).
         let policy = enforcer.policy();
         for _ in 0..3 {
-            rt.block_on(enforcer.enforce(&policy, &req));
+            rt.block_on(enforcer.enforce_with(&policy, &req));
         }
         let send = policy.named_limit("send").unwrap();
         for _ in 0..3 {
@@ -224,11 +224,11 @@ fn decisions_made_without_the_store_say_so_and_are_counted_by_how() {
         let policy = enforcer.policy();
         let at = |path| RequestParts::new("GET", path).with_ip([192, 0, 2, 1].into());
 
-        let open = rt.block_on(enforcer.enforce(&policy, &at("/")));
+        let open = rt.block_on(enforcer.enforce_with(&policy, &at("/")));
         assert!(open.allowed);
         assert_eq!(open.without_store, Some(OnStoreError::Open));
         // One rule failing closed denies the whole transaction.
-        let closed = rt.block_on(enforcer.enforce(&policy, &at("/strict")));
+        let closed = rt.block_on(enforcer.enforce_with(&policy, &at("/strict")));
         assert!(!closed.allowed);
         assert_eq!(closed.without_store, Some(OnStoreError::Closed));
         assert!(matches!(
@@ -250,7 +250,7 @@ fn decisions_made_without_the_store_say_so_and_are_counted_by_how() {
 
         // A store that answers leaves nothing to say.
         let fine = Enforcer::new(Policy::from_str(FAILING, "p").unwrap(), MemoryStore::new());
-        let v = rt.block_on(fine.enforce(&fine.policy(), &at("/strict")));
+        let v = rt.block_on(fine.enforce(&at("/strict")));
         assert_eq!(v.without_store, None);
         let d = rt
             .block_on(fine.decide_named(lenient, "k", 1.0, Mode::CONSUME))

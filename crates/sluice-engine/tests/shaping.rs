@@ -42,7 +42,7 @@ fn request() -> RequestParts {
 }
 
 async fn shaped_verdict<S: sluice_core::Store + 'static>(e: &Enforcer<S>) -> Verdict {
-    e.enforce_shaped(&e.policy(), &request()).await
+    e.enforce_shaped(&request()).await
 }
 
 const MS: fn(u64) -> Duration = Duration::from_millis;
@@ -121,8 +121,8 @@ async fn shadow_rules_and_callers_that_cannot_hold_never_delay() {
 
     let e = enforcer(&shaped(3, "1s"));
     let policy = e.policy();
-    assert!(e.enforce(&policy, &request()).await.allowed);
-    let refused = e.enforce(&policy, &request()).await;
+    assert!(e.enforce_with(&policy, &request()).await.allowed);
+    let refused = e.enforce_with(&policy, &request()).await;
     assert!(!refused.allowed && refused.delay.is_none());
 }
 

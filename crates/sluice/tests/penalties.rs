@@ -89,16 +89,16 @@ async fn penalties_hold_exactly<S: Store + 'static>(store: S, clock: &FakeClock)
     let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 7].into());
     let t1 = 2_000 * S;
     at(clock, t1);
-    assert!(enforcer.enforce(&policy, &req).await.allowed);
-    assert!(enforcer.enforce(&policy, &req).await.allowed);
-    let v = enforcer.enforce(&policy, &req).await;
+    assert!(enforcer.enforce_with(&policy, &req).await.allowed);
+    assert!(enforcer.enforce_with(&policy, &req).await.allowed);
+    let v = enforcer.enforce_with(&policy, &req).await;
     assert_eq!((v.allowed, v.retry_after), (false, Some(10.0)));
     // The window opened again at t1 + 1 s, but the penalty holds.
     at(clock, t1 + 3 * S);
-    let v = enforcer.enforce(&policy, &req).await;
+    let v = enforcer.enforce_with(&policy, &req).await;
     assert_eq!((v.allowed, v.retry_after), (false, Some(7.0)));
     at(clock, t1 + 10 * S);
-    assert!(enforcer.enforce(&policy, &req).await.allowed);
+    assert!(enforcer.enforce_with(&policy, &req).await.allowed);
 
     // Denials that land together start one penalty, not one each.
     at(clock, t1 + 40 * S);

@@ -63,9 +63,8 @@ pub use self::named::NotReady;
 /// let enforcer = Enforcer::new(policy, MemoryStore::new());
 /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
 /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-/// let policy = enforcer.policy();
-/// assert!(rt.block_on(enforcer.enforce(&policy, &req)).allowed);
-/// let second = rt.block_on(enforcer.enforce(&policy, &req));
+/// assert!(rt.block_on(enforcer.enforce(&req)).allowed);
+/// let second = rt.block_on(enforcer.enforce(&req));
 /// assert_eq!(second.denied_by(), Some("per-ip"));
 /// ```
 pub struct Enforcer<S> {
@@ -142,8 +141,7 @@ impl<S: Store + 'static> Enforcer<S> {
     ///     let e = Enforcer::new(Policy::from_str(yaml, "p").unwrap(), store).with_seed(7);
     ///     let req = RequestParts::new("GET", "/").with_header("k", "v");
     ///     let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    ///     let policy = e.policy();
-    ///     (0..6).map(|_| rt.block_on(e.enforce(&policy, &req)).rules[0].decision.remaining).collect::<Vec<_>>()
+    ///     (0..6).map(|_| rt.block_on(e.enforce(&req)).rules[0].decision.remaining).collect::<Vec<_>>()
     /// };
     /// assert_eq!(run(), run());
     /// ```
@@ -216,9 +214,8 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let top = e.keep_top_keys();
     /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let policy = e.policy();
     /// for _ in 0..3 {
-    ///     rt.block_on(e.enforce(&policy, &req));
+    ///     rt.block_on(e.enforce(&req));
     /// }
     /// let first = &top.top(1)[0];
     /// assert_eq!((readable_key(&first.key).as_str(), first.denied), ("192.0.2.1", 2));

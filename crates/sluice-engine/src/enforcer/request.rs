@@ -20,16 +20,36 @@ use crate::verified::Verified;
 type Hits<'h, 'r> = SmallVec<[&'h RuleHit<'r>; 2]>;
 
 impl<S: Store + 'static> Enforcer<S> {
-    /// Applies `policy`'s HTTP rules (those without a `domain`) to `req`,
-    /// consuming from every enforced rule that applies when all of them
-    /// admit it. Rules see JWT claims only from a token that `policy`'s keys
-    /// verify (see [`Verified`]). `policy` is the snapshot `req` was viewed
-    /// through (its trusted proxies), so that a reload in between cannot mix
-    /// two policies in one decision.
+    /// Applies the policy in force to `req`: its HTTP rules (those
+    /// without a `domain`), consuming from every enforced rule that applies
+    /// when all of them admit it. Rules see JWT claims only from a token
+    /// that the policy's keys verify (see [`Verified`]). The common call; a
+    /// caller that viewed `req` through a snapshot of the policy (its
+    /// trusted proxies) decides with that one: [`Enforcer::enforce_with`].
     ///
     /// A rule with `on_limit: {delay}` refuses here as if it had none: the
     /// caller cannot hold the request (see [`Enforcer::enforce_shaped`]).
-    pub async fn enforce<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
+    ///
+    /// ```
+    /// # use sluice_core::MemoryStore;
+    /// # use sluice_engine::Enforcer;
+    /// # use sluice_policy::{Policy, RequestParts};
+    /// let policy = Policy::from_str("rules: [{name: r, limit_keys: [ip:address], algorithm: token_bucket, algorithm_config: {rps: 1}}]", "p").unwrap();
+    /// let e = Enforcer::new(policy, MemoryStore::new());
+    /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
+    /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    /// assert!(rt.block_on(e.enforce(&req)).allowed);
+    /// assert_eq!(rt.block_on(e.enforce(&req)).denied_by(), Some("r"));
+    /// ```
+    pub async fn enforce<R: Request + ?Sized>(&self, req: &R) -> Verdict {
+        let policy = self.policy();
+        self.enforce_with(&policy, req).await
+    }
+
+    /// [`Enforcer::enforce`] under `policy`, the snapshot `req` was viewed
+    /// through (its trusted proxies), so that a reload in between cannot
+    /// mix two policies in one decision.
+    pub async fn enforce_with<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
         let req = Verified::new(req, policy);
         let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
         self.enforce_in(&hits, false).await
@@ -57,15 +77,26 @@ impl<S: Store + 'static> Enforcer<S> {
     /// let e = Enforcer::new(policy, MemoryStore::with_clock(FakeClock::new(Nanos::ZERO)));
     /// let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
     /// let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-    /// let policy = e.policy();
     /// let delays: Vec<_> = (0..4).map(|_| {
-    ///     let v = rt.block_on(e.enforce_shaped(&policy, &req));
+    ///     let v = rt.block_on(e.enforce_shaped(&req));
     ///     v.allowed.then_some(v.delay)
     /// }).collect();
     /// let ms = Duration::from_millis;
     /// assert_eq!(delays, [Some(None), Some(Some(ms(100))), Some(Some(ms(200))), None]);
     /// ```
-    pub async fn enforce_shaped<R: Request + ?Sized>(&self, policy: &Policy, req: &R) -> Verdict {
+    pub async fn enforce_shaped<R: Request + ?Sized>(&self, req: &R) -> Verdict {
+        let policy = self.policy();
+        self.enforce_shaped_with(&policy, req).await
+    }
+
+    /// [`Enforcer::enforce_shaped`] under `policy`, the snapshot `req` was
+    /// viewed through, as [`Enforcer::enforce_with`] is for
+    /// [`Enforcer::enforce`].
+    pub async fn enforce_shaped_with<R: Request + ?Sized>(
+        &self,
+        policy: &Policy,
+        req: &R,
+    ) -> Verdict {
         let req = Verified::new(req, policy);
         let hits: SmallVec<[RuleHit<'_>; 2]> = policy.matching(&req).collect();
         self.enforce_in(&hits, true).await

@@ -186,8 +186,8 @@ where
             let mut verdict = {
                 let view = HttpRequest::new(&req, peer(&req), &policy);
                 match room {
-                    Some(_) => enforcer.enforce_shaped(&policy, &view).await,
-                    None => enforcer.enforce(&policy, &view).await,
+                    Some(_) => enforcer.enforce_shaped_with(&policy, &view).await,
+                    None => enforcer.enforce_with(&policy, &view).await,
                 }
             };
             if verdict.delay.is_some() {

@@ -126,7 +126,7 @@ impl<S: Store + 'static> Replayer<S> {
 
     /// A request, decided and counted.
     pub(crate) async fn request(&mut self, req: &RequestParts, duration: f64) -> Verdict {
-        let mut verdict = self.enforcer.enforce(&self.policy, req).await;
+        let mut verdict = self.enforcer.enforce_with(&self.policy, req).await;
         self.summary.verdict(&verdict);
         for held in std::mem::take(&mut verdict.leases) {
             // A duration is finite and ≥ 0, so always in range.
@@ -140,7 +140,7 @@ impl<S: Store + 'static> Replayer<S> {
     /// spent: a replay does not wait, its caller takes the request as
     /// forwarded once the verdict's `delay` is over.
     pub(crate) async fn request_shaped(&mut self, req: &RequestParts) -> Verdict {
-        let verdict = self.enforcer.enforce_shaped(&self.policy, req).await;
+        let verdict = self.enforcer.enforce_shaped_with(&self.policy, req).await;
         self.summary.verdict(&verdict);
         verdict
     }

@@ -893,7 +893,7 @@ async fn decide<C: Clock + Send + Sync + 'static>(
     }
     // `ip` is the peer the request came from, as a socket reports it.
     .with_client_behind(policy.trusted_proxies());
-    let mut verdict = s.enforcer.enforce(&policy, &parts).await;
+    let mut verdict = s.enforcer.enforce_with(&policy, &parts).await;
     // Nothing here learns when the request's work ends: slots it took on
     // concurrency rules are released right after it is decided (use /v1/acquire
     // and /v1/release, the middleware or the proxy to hold one).
