@@ -6,6 +6,15 @@
 //! configuration and the time. A [`Store`] keeps the states and decides a whole
 //! transaction at once; [`MemoryStore`] is the embedded one. A denial is a
 //! [`Decision`] value, never an error.
+//!
+//! An application needs only the names at this crate's root. Four modules
+//! are public for the crates that implement a [`Store`] elsewhere and must
+//! decide exactly as this one does: [`algorithm`], [`sliding`] and
+//! [`concurrency`] (the pure functions and the states they read, which
+//! `sluice-redis` decides with from what its script returns, and which its
+//! script mirrors) and [`states`] (what `sluice-postgres` decides on the
+//! rows it reads). `conformance` holds every store to one
+//! standard (feature `conformance`).
 
 pub mod algorithm;
 mod bytes;
@@ -15,10 +24,10 @@ mod config;
 #[cfg(feature = "conformance")]
 pub mod conformance;
 mod decision;
-pub mod memory;
+mod memory;
 pub mod sliding;
 pub mod states;
-pub mod store;
+mod store;
 mod time;
 
 pub use calendar::{Calendar, CalendarError, CalendarUnit};
