@@ -4,6 +4,7 @@
 
 use std::process::ExitCode;
 
+mod base;
 mod bench;
 mod chart;
 pub mod cli;
@@ -19,7 +20,6 @@ mod ops;
 pub mod proxy;
 mod replay;
 pub mod serve;
-mod server;
 mod simulate;
 mod validate;
 

@@ -11,8 +11,8 @@ use clap::Args;
 use sluice_policy::{Policy, StoreConfig};
 use sluice_postgres::PostgresStore;
 
+use crate::base::Choice;
 use crate::flags::{PolicyFile, StoreFlag};
-use crate::server::Choice;
 
 /// Arguments of `sluice migrate`.
 #[derive(Debug, Args)]

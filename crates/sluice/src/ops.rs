@@ -15,8 +15,8 @@ use axum::routing::{MethodRouter, get};
 use sluice_core::{Clock, SystemClock};
 use sluice_engine::Enforcer;
 
+use crate::base::{AnyStore, Metrics, metrics_page, readiness};
 use crate::dashboard::{self, Dashboard};
-use crate::server::{AnyStore, Metrics, metrics_page, readiness};
 
 /// A running server's state: the policy and the store, the tokens that
 /// guard its calls, and what it shows about itself.

@@ -228,7 +228,7 @@ fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListe
 /// The runtime a client or a bare server runs on: the same as `serve`'s,
 /// so that the two sides of a comparison schedule alike.
 fn runtime(threads: &Threads) -> anyhow::Result<tokio::runtime::Runtime> {
-    crate::server::runtime(threads).context("cannot start the async runtime")
+    crate::base::runtime(threads).context("cannot start the async runtime")
 }
 
 /// When the run's phases start and end.

@@ -24,7 +24,7 @@ use sluice_core::{Clock, Store};
 use sluice_engine::Enforcer;
 use sluice_policy::{Policy, readable_key};
 
-use crate::server::{AnyStore, holds_token, is_address, problem, ready};
+use crate::base::{AnyStore, holds_token, is_address, problem, ready};
 use history::History;
 
 /// The path of the page.

@@ -9,8 +9,8 @@ use axum::http::StatusCode;
 use axum::response::Response;
 use axum::routing::{MethodRouter, get};
 
+use crate::base::problem;
 use crate::ops::ServerState;
-use crate::server::problem;
 
 /// Every route of the admin router. `/openapi.json` must describe each
 /// path, which the tests check against [`paths`].

@@ -60,11 +60,11 @@ use tower::{Layer, ServiceExt};
 pub use admin::paths as admin_paths;
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
+use crate::base::{Loaded, Metrics, Stop};
 use crate::dashboard::Dashboard;
 use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
 use crate::ops::ServerState;
-use crate::server::{Loaded, Metrics, Stop};
 
 /// Arguments of `sluice proxy`.
 #[derive(Debug, Args)]
@@ -114,7 +114,7 @@ pub struct ProxyArgs {
 }
 
 pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
-    crate::server::init_logs();
+    crate::base::init_logs();
     // A client connection may hold an upstream connection, and an admin
     // listener has its own cap.
     let per_connection = 2 + usize::from(args.admin.is_some());
@@ -126,11 +126,11 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         .with_timeout(args.upstream_timeout)
         .with_body_timeout(args.body_timeout);
     let loaded = Loaded::read(&args.policy.path)?;
-    crate::server::block_on(&args.threads, async move {
+    crate::base::block_on(&args.threads, async move {
         let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);
-        crate::server::report_first_answer(&enforcer, store);
+        crate::base::report_first_answer(&enforcer, store);
         let status = Arc::new(ServerState {
             // Sampled only when there is a listener to show it on.
             dashboard: args
@@ -142,7 +142,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
             admin_token: args.admin_token.filter(|t| !t.is_empty()),
             api_token: None,
         });
-        crate::server::publish_runtime();
+        crate::base::publish_runtime();
         let reloaded = Arc::clone(&status);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = crate::listen::bind(args.listen)
@@ -183,7 +183,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
         };
         tokio::select! {
             () = drain => {}
-            () = crate::server::shutdown_signal() => {
+            () = crate::base::shutdown_signal() => {
                 tracing::warn!("second signal: stopping without waiting for requests in flight");
             }
         }

@@ -25,9 +25,9 @@ use sluice_http::{PROBLEM_JSON, Problem, degraded, each_rate_limit_header};
 use sluice_policy::RequestParts;
 use tower::{Service, ServiceExt};
 
+use crate::base::{clip, foreign_page, holds_token, is_json, not_json, problem};
 use crate::dashboard;
 use crate::ops::ServerState;
-use crate::server::{clip, foreign_page, holds_token, is_json, not_json, problem};
 
 /// The largest request body accepted; a decision needs far less.
 pub const MAX_BODY: usize = 64 * 1024;

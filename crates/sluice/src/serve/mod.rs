@@ -22,13 +22,13 @@ pub use api::{Api, MAX_BODY, app, paths};
 pub(crate) use rls::grpc_server;
 pub use rls::{Rls, serve_grpc};
 // What a `ServerState` is made of, so that one can be built from here alone.
+pub use crate::base::{AnyStore, Metrics};
 pub use crate::dashboard::Dashboard;
 pub use crate::ops::ServerState;
-pub use crate::server::{AnyStore, Metrics};
 
+use crate::base::{Loaded, Stop};
 use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
-use crate::server::{Loaded, Stop};
 
 /// The policy `sluice serve` runs without `--policy`.
 pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml");
@@ -78,7 +78,7 @@ pub(crate) struct ServeArgs {
 }
 
 pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
-    crate::server::init_logs();
+    crate::base::init_logs();
     // Both listeners may be at their cap at once.
     args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
     let loaded = match &args.policy {
@@ -88,10 +88,10 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             "the bundled example (examples/policy.yaml); --policy serves another",
         ),
     };
-    crate::server::block_on(&args.threads, async move {
+    crate::base::block_on(&args.threads, async move {
         let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
-        crate::server::report_first_answer(&enforcer, store);
+        crate::base::report_first_answer(&enforcer, store);
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());
         let api_token = args.api_token.filter(|t| !t.is_empty());
         if api_token.is_none() {
@@ -108,7 +108,7 @@ pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
             metrics: Metrics::global(),
             reload_error: arc_swap::ArcSwapOption::empty(),
         });
-        crate::server::publish_runtime();
+        crate::base::publish_runtime();
         let reloaded = Arc::clone(&state);
         reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = crate::listen::bind(args.http)
