@@ -5,6 +5,7 @@ use std::sync::Arc;
 
 use sluice_core::{Limit, OnStoreError, Store, StoreError};
 
+use crate::give_back::{Giver, Taken};
 use crate::store_errors::{StoreErrorLog, store_failed};
 
 /// One lease an admitted request or call took on a concurrency limit: what
@@ -27,28 +28,22 @@ impl PartialEq for HeldLease {
     }
 }
 
-/// Gives leases back in the background, whatever the store's type.
-pub(crate) type Releaser = Arc<dyn Fn(Vec<HeldLease>) + Send + Sync>;
+impl Taken for HeldLease {
+    fn limit(&self) -> &Limit {
+        &self.limit
+    }
 
-/// The [`Releaser`] of `store`: a task on the Tokio runtime the leases are
-/// let go on that releases each in turn (on none, they expire on their
-/// own). A failed release is counted and logged in `errors`, as a failed
-/// decision is; the lease then expires on its own.
-pub(crate) fn releaser<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreErrorLog>) -> Releaser {
-    Arc::new(move |leases: Vec<HeldLease>| {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, errors) = (Arc::clone(&store), Arc::clone(&errors));
-        runtime.spawn(async move {
-            for held in &leases {
-                if let Err(e) = store.release(&held.limit, &held.key, held.lease).await {
-                    failed_release(&errors, &e, held);
-                }
-            }
-        });
-    })
+    async fn give_back<S: Store>(&self, store: &S) -> Result<(), StoreError> {
+        store
+            .release(&self.limit, &self.key, self.lease)
+            .await
+            .map(drop)
+    }
 }
+
+/// Releases leases in the background (see [`giver`](crate::give_back::giver)):
+/// a failed release is counted, and the lease then expires on its own.
+pub(crate) type Releaser = Giver<HeldLease>;
 
 /// Counts and logs a release the store could not make: its slots come
 /// back when the lease expires.

@@ -35,6 +35,7 @@
 
 mod activity;
 mod enforcer;
+mod give_back;
 mod inline;
 mod leases;
 mod meters;

@@ -6,10 +6,10 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge, Histogram};
-use sluice_core::{Limit, OnStoreError, Settle, Store};
+use sluice_core::{Limit, Settle, Store, StoreError};
 use tokio::time::Instant;
 
-use crate::store_errors::{StoreErrorLog, store_failed};
+use crate::give_back::{Giver, Taken};
 
 /// How much earlier than its due time a held request's timer is set.
 /// Tokio's timer counts whole milliseconds: it rounds a deadline up to the
@@ -18,9 +18,9 @@ use crate::store_errors::{StoreErrorLog, store_failed};
 /// 3.6 ms, in `crates/sluice/tests/shaping_nginx.rs` on a 2-CPU machine),
 /// where nginx forwards within a millisecond. Set a millisecond early it
 /// fires 0.6 ms late on average, and now and then up to a millisecond
-/// early. Under a paused clock it is exact. Every held request of a key shifts alike, so the spacing the
-/// upstream sees is the limit's; the tokens were reserved at the decision
-/// either way.
+/// early. Under a paused clock it is exact. Every held request of a key
+/// shifts alike, so the spacing the upstream sees is the limit's; the
+/// tokens were reserved at the decision either way.
 const TIMER_SLACK: Duration = Duration::from_millis(1);
 
 /// The tokens one limit's part of a held request reserved: what to give
@@ -41,28 +41,21 @@ impl PartialEq for Reserved {
     }
 }
 
-/// Gives reservations back in the background, whatever the store's type.
-pub(crate) type Refunder = Arc<dyn Fn(Vec<Reserved>) + Send + Sync>;
+impl Taken for Reserved {
+    fn limit(&self) -> &Limit {
+        &self.limit
+    }
 
-/// The [`Refunder`] of `store`: a task on the Tokio runtime the
-/// reservation is dropped on that refunds each part (on none, the tokens
-/// stay spent). A failed refund is counted and logged in `errors`.
-pub(crate) fn refunder<S: Store + 'static>(store: Arc<S>, errors: Arc<StoreErrorLog>) -> Refunder {
-    Arc::new(move |parts: Vec<Reserved>| {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let (store, errors) = (Arc::clone(&store), Arc::clone(&errors));
-        runtime.spawn(async move {
-            for part in &parts {
-                let refund = Settle::Refund(part.cost);
-                if let Err(e) = store.settle(&part.limit, &part.key, refund).await {
-                    store_failed(&errors, &e, [(part.limit.name(), OnStoreError::Open)]);
-                }
-            }
-        });
-    })
+    async fn give_back<S: Store>(&self, store: &S) -> Result<(), StoreError> {
+        let refund = Settle::Refund(self.cost);
+        store.settle(&self.limit, &self.key, refund).await.map(drop)
+    }
 }
+
+/// Refunds reservations in the background (see
+/// [`giver`](crate::give_back::giver)): a failed refund is counted, and the
+/// tokens then stay spent.
+pub(crate) type Refunder = Giver<Reserved>;
 
 /// The held requests of one enforcer: how many are held now, how long
 /// they were told to wait, and how many were abandoned.

@@ -32,10 +32,11 @@ use sluice_core::{Decision, LEASE_IDS, Limit, OnStoreError, Op, Settle, Store, S
 use sluice_policy::Policy;
 
 use crate::activity::Activity;
+use crate::give_back::giver;
 use crate::inline::{DEFAULT_MAX_INLINE_LIMITS, InlineLimits};
-use crate::leases::{Releaser, releaser};
+use crate::leases::Releaser;
 use crate::meters::{Meters, StoreOp};
-use crate::reservation::{Refunder, refunder};
+use crate::reservation::Refunder;
 use crate::store_errors;
 use crate::top_keys::TopKeys;
 
@@ -106,8 +107,8 @@ impl<S: Store + 'static> Enforcer<S> {
         Enforcer {
             policy: ArcSwap::from_pointee(policy),
             since: AtomicU64::new(unix_millis(SystemTime::now())),
-            releaser: releaser(Arc::clone(&store), Arc::clone(&meters.errors)),
-            refunder: refunder(Arc::clone(&store), Arc::clone(&meters.errors)),
+            releaser: giver(Arc::clone(&store), Arc::clone(&meters.errors)),
+            refunder: giver(Arc::clone(&store), Arc::clone(&meters.errors)),
             store,
             meters,
             picks: None,
