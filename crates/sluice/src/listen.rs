@@ -615,9 +615,14 @@ mod tests {
             let _ = stopped.await;
         }));
         let mut silent = TcpStream::connect(addr).await.expect("connect");
-        while table.len() == 0 {
-            tokio::task::yield_now().await;
-        }
+        let accepted = async {
+            while table.len() == 0 {
+                tokio::task::yield_now().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(10), accepted)
+            .await
+            .expect("the connection accepted within 10 s");
 
         stop.send(()).expect("the server is running");
         let mut late = tokio::spawn(TcpStream::connect(addr));
