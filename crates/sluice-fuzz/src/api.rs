@@ -16,7 +16,7 @@ pub(crate) const ENDPOINTS: [(Method, &str); 8] = [
     (Method::POST, "/v1/release"),
 ];
 
-/// Sends one request to the decision API of `sluice serve` ([`sluice::serve::app`]),
+/// Sends one request to the decision API of `sluice serve` ([`sluice_server::serve::app`]),
 /// in process, over the fuzzing policy and an empty in-memory store, then the
 /// same request again, which meets the state the first one left. The request
 /// is a service's: JSON, with the admin token (which does whatever the API
@@ -52,7 +52,7 @@ pub fn api(data: &[u8]) {
         };
         builder.body(body).expect("the request is well formed")
     };
-    let app = sluice::serve::app(state());
+    let app = sluice_server::serve::app(state());
     block_on(async {
         for _ in 0..2 {
             let Ok(response) = app.clone().oneshot(request()).await;

@@ -3,8 +3,8 @@ use std::sync::Arc;
 use axum::body::Body;
 use http::{HeaderValue, Method, Request, StatusCode, header};
 use serde_json::Value;
-use sluice::serve::{AnyStore, ServerState};
 use sluice_core::FakeClock;
+use sluice_server::serve::{AnyStore, ServerState};
 use tower::ServiceExt;
 
 use crate::api::{ENDPOINTS, query};
@@ -121,7 +121,7 @@ impl Caller {
 }
 
 /// Sends a sequence of calls to the decision API of `sluice serve`
-/// ([`sluice::serve::app`]), in process, over the fuzzing policy and an
+/// ([`sluice_server::serve::app`]), in process, over the fuzzing policy and an
 /// empty in-memory store, on a server with an admin token and an API token
 /// (or, when the input begins with `!`, none: then only the rules on pages
 /// and bodies stand between a web page and the privileged calls): the
@@ -151,7 +151,7 @@ pub fn api_calls(data: &[u8]) {
         None => (true, data),
     };
     let state = state_with(api_token.then_some(API_TOKEN));
-    let app = sluice::serve::app(Arc::clone(&state));
+    let app = sluice_server::serve::app(Arc::clone(&state));
     let mut lease: Option<String> = None;
     let mut released: Vec<String> = Vec::new();
     block_on(async {

@@ -1,7 +1,7 @@
 use envoy_types::pb::envoy::service::ratelimit::v3::RateLimitRequest;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use prost::Message;
-use sluice::serve::Rls;
+use sluice_server::serve::Rls;
 
 use crate::service::{block_on, state};
 

@@ -4,10 +4,10 @@
 
 use std::sync::{Arc, OnceLock};
 
-use sluice::serve::{AnyStore, ServerState};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::serve::{AnyStore, ServerState};
 
 /// The token `/v1/reset` asks for.
 pub(crate) const ADMIN_TOKEN: &str = "fuzz-admin-token";

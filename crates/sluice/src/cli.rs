@@ -5,11 +5,11 @@ use clap::{Parser, Subcommand};
 
 use crate::bench::BenchArgs;
 use crate::migrate::MigrateArgs;
-use crate::proxy::ProxyArgs;
 use crate::replay::ReplayArgs;
-use crate::serve::ServeArgs;
 use crate::simulate::SimulateArgs;
 use crate::validate::ValidateArgs;
+use sluice_server::proxy::ProxyArgs;
+use sluice_server::serve::ServeArgs;
 
 /// Sluice: exact rate limiting, as a library, a middleware and a server.
 #[derive(Debug, Parser)]
@@ -47,8 +47,6 @@ pub(crate) enum Command {
 mod tests {
     #![allow(clippy::unwrap_used, clippy::panic)]
 
-    use std::path::Path;
-
     use clap::error::ErrorKind;
 
     use super::*;
@@ -58,18 +56,15 @@ mod tests {
             .map(|c| c.command)
     }
 
+    // What each command's flags mean is tested beside the command; here,
+    // that each command is reached by its name with its own flags.
     #[test]
-    fn serve_takes_the_shared_policy_flag_but_may_go_without_it() {
-        let Command::Serve(args) = parse(&["serve"]).unwrap() else {
-            panic!("not serve");
-        };
-        assert!(args.policy.is_none());
-        let Command::Serve(args) = parse(&["serve", "-p", "a.yaml", "--store", "memory"]).unwrap()
-        else {
-            panic!("not serve");
-        };
-        assert_eq!(args.policy.unwrap().path, Path::new("a.yaml"));
-        assert_eq!(args.store.choice.as_deref(), Some("memory"));
+    fn serve_may_go_without_a_policy() {
+        assert!(matches!(parse(&["serve"]), Ok(Command::Serve(_))));
+        assert!(matches!(
+            parse(&["serve", "-p", "a.yaml", "--store", "memory"]),
+            Ok(Command::Serve(_))
+        ));
     }
 
     #[test]
@@ -81,12 +76,9 @@ mod tests {
             let err = parse(args).unwrap_err();
             assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument, "{args:?}");
         }
-        let Command::Proxy(args) =
-            parse(&["proxy", "--upstream", "http://u", "--policy", "b.yaml"]).unwrap()
-        else {
-            panic!("not proxy");
-        };
-        assert_eq!(args.policy.path, Path::new("b.yaml"));
-        assert!(args.store.choice.is_none());
+        assert!(matches!(
+            parse(&["proxy", "--upstream", "http://u", "--policy", "b.yaml"]),
+            Ok(Command::Proxy(_))
+        ));
     }
 }

@@ -1,27 +1,20 @@
 //! The `sluice` command: `serve` (HTTP decision API, Envoy RLS and
-//! metrics), `proxy`, `bench`, `validate`, `replay`, `simulate` and `migrate`. The binary parses arguments and calls [`run`]; the server's
-//! router is public so that tests can drive it without a socket.
+//! metrics), `proxy`, `bench`, `validate`, `replay`, `simulate` and
+//! `migrate`. The binary parses arguments and calls [`run`]. The two
+//! servers are the `sluice-server` crate's; the offline commands are here.
 
 use std::process::ExitCode;
 
-mod base;
 mod bench;
 mod chart;
 pub mod cli;
-mod dashboard;
-mod duration;
-mod flags;
 mod html;
-pub mod listen;
 mod migrate;
-mod numbers;
-pub mod openapi;
-mod ops;
-pub mod proxy;
 mod replay;
-pub mod serve;
 mod simulate;
 mod validate;
+
+use sluice_server::{proxy, serve};
 
 // The README's and the docs' Rust examples, run as doctests so that none
 // shows code that does not compile or does not do what the page says

@@ -11,8 +11,8 @@ use clap::Args;
 use sluice_policy::{Policy, StoreConfig};
 use sluice_postgres::PostgresStore;
 
-use crate::base::Choice;
-use crate::flags::{PolicyFile, StoreFlag};
+use sluice_server::StoreChoice;
+use sluice_server::flags::{PolicyFile, StoreFlag};
 
 /// Arguments of `sluice migrate`.
 #[derive(Debug, Args)]
@@ -27,7 +27,7 @@ pub(crate) struct MigrateArgs {
     /// How long to wait for the database, its connection and the
     /// migration's lock (another server may be making the tables).
     #[arg(long, value_name = "DURATION", default_value = "30s",
-          value_parser = crate::duration::parse)]
+          value_parser = sluice_server::duration::parse)]
     pub(crate) timeout: Duration,
 }
 
@@ -41,7 +41,7 @@ pub(crate) fn run(args: &MigrateArgs) -> anyhow::Result<ExitCode> {
     };
     let memory = StoreConfig::default();
     let configured = policy.as_ref().map_or(&memory, Policy::store);
-    let choice = Choice::of(args.store.choice.as_deref(), args.store.timeout, configured)?;
+    let choice = StoreChoice::of(args.store.choice.as_deref(), args.store.timeout, configured)?;
     let Some(config) = choice.postgres() else {
         writeln!(
             std::io::stdout().lock(),

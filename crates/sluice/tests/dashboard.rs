@@ -13,10 +13,10 @@ use axum::body::Body;
 use base64::Engine;
 use http_body_util::BodyExt;
 use serde_json::Value;
-use sluice::serve::{AnyStore, Dashboard, ServerState, app};
 use sluice_core::{MemoryStore, SystemClock};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::serve::{AnyStore, Dashboard, ServerState, app};
 use tower::ServiceExt;
 
 use support::proxy::spawn_proxy;

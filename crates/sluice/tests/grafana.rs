@@ -61,7 +61,7 @@ fn the_grafana_dashboard_reads_only_metrics_sluice_emits() {
         .map(|f| std::fs::read_to_string(f).unwrap())
         .collect();
     let metrics_rs =
-        std::fs::read_to_string(repo().join("crates/sluice/src/base/metrics.rs")).unwrap();
+        std::fs::read_to_string(repo().join("crates/sluice-server/src/base/metrics.rs")).unwrap();
     assert!(
         metrics_rs.contains("set_buckets"),
         "histograms need buckets for `_bucket` series"

@@ -7,7 +7,7 @@
 
 use std::time::{Duration, Instant};
 
-use sluice::serve::Metrics;
+use sluice_server::serve::Metrics;
 use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
 
 #[global_allocator]

@@ -141,7 +141,7 @@ async fn serve_describes_every_path_it_answers_and_its_bounds() {
     let client = reqwest::Client::new();
     let (_server, base) = start_serve(&client).await;
     let doc = description(&client, &base).await;
-    describes_exactly(&client, &base, &doc, &sluice::serve::paths()).await;
+    describes_exactly(&client, &base, &doc, &sluice_server::serve::paths()).await;
     assert!(doc["paths"]["/v1/reset"]["post"]["security"][0]["adminToken"].is_array());
     assert!(doc["paths"]["/v1/refund"]["post"]["security"][0]["apiToken"].is_array());
     for token in ["adminToken", "apiToken"] {
@@ -157,7 +157,7 @@ async fn serve_describes_every_path_it_answers_and_its_bounds() {
             body_bounds.push(value.as_u64().unwrap());
         }
     });
-    assert_eq!(body_bounds, [sluice::serve::MAX_BODY as u64; 6]);
+    assert_eq!(body_bounds, [sluice_server::serve::MAX_BODY as u64; 6]);
     let count = &doc["components"]["schemas"]["Call"]["properties"]["count"];
     assert_eq!(count["minimum"], 0);
     assert_eq!(count["maximum"], sluice_core::MAX_EXACT_TOKENS);
@@ -169,9 +169,9 @@ async fn the_proxy_admin_port_describes_every_path_it_answers() {
     let (_proxy, base) = start_proxy_admin(&client).await;
     let doc = description(&client, &base).await;
     assert_eq!(doc["info"]["title"], "Sluice proxy admin port");
-    describes_exactly(&client, &base, &doc, &sluice::proxy::admin_paths()).await;
+    describes_exactly(&client, &base, &doc, &sluice_server::proxy::admin_paths()).await;
     // Each endpoint is described once: the admin port's are serve's.
-    let serve: Value = serde_json::from_str(sluice::openapi::SERVE).unwrap();
+    let serve: Value = serde_json::from_str(sluice_server::openapi::SERVE).unwrap();
     for (path, item) in doc["paths"].as_object().unwrap() {
         assert_eq!(item, &serve["paths"][path], "{path}");
     }

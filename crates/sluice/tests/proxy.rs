@@ -21,7 +21,7 @@ use bytes::Bytes;
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use serde_json::{Value, json};
-use sluice::proxy::Upstream;
+use sluice_server::proxy::Upstream;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, oneshot};

@@ -16,11 +16,11 @@ use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_client::R
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use envoy_types::pb::envoy::r#type::v3::RateLimitUnit;
 use envoy_types::pb::google::protobuf::UInt64Value;
-use sluice::listen::{Limits, Listener};
-use sluice::serve::{AnyStore, ServerState, serve_grpc};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::listen::{Limits, Listener};
+use sluice_server::serve::{AnyStore, ServerState, serve_grpc};
 use tonic::transport::Channel;
 
 const POLICY: &str = r#"

@@ -10,10 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
-use sluice::listen::{Limits, Listener};
-use sluice::serve::{AnyStore, MAX_BODY, ServerState};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::listen::{Limits, Listener};
+use sluice_server::serve::{AnyStore, MAX_BODY, ServerState};
 use support::serve::{
     POLICY, call, check_send_message, get, in_pieces, spawn_serve, state, state_of,
 };
@@ -591,7 +591,7 @@ async fn a_client_that_stalls_mid_headers_is_cut_off() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let listener = Listener::new(listener, "http", &Limits::default());
-    tokio::spawn(sluice::serve::serve(
+    tokio::spawn(sluice_server::serve::serve(
         listener,
         state(None),
         Duration::from_secs(60),

@@ -43,7 +43,7 @@ pub(super) struct BaselineArgs {
     #[arg(long, default_value_t = 0.0, value_parser = super::non_negative_ms)]
     delay_ms: f64,
     #[command(flatten)]
-    threads: crate::flags::Threads,
+    threads: sluice_server::flags::Threads,
 }
 
 /// Serves until the process is stopped (SIGTERM, SIGINT: nothing to clean

@@ -31,7 +31,7 @@ use tokio::time::Instant;
 
 use report::{Protocol, Tally};
 
-use crate::flags::Threads;
+use sluice_server::flags::Threads;
 
 /// Arguments of `sluice bench`.
 #[derive(Debug, Args)]
@@ -215,10 +215,10 @@ pub(crate) fn run(args: BenchArgs) -> anyhow::Result<()> {
 /// Binds a baseline server's listener as `serve` binds its own, and
 /// prints the address it got on standard output, for the script that
 /// started it (port 0 picks one). Within a tokio runtime, as
-/// [`crate::listen::bind`].
+/// [`sluice_server::listen::bind`].
 fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    let listener =
-        crate::listen::bind(listen).with_context(|| format!("cannot listen on {listen}"))?;
+    let listener = sluice_server::listen::bind(listen)
+        .with_context(|| format!("cannot listen on {listen}"))?;
     let mut out = std::io::stdout().lock();
     writeln!(out, "{}", listener.local_addr()?)?;
     out.flush()?;
@@ -228,7 +228,7 @@ fn announce(listen: std::net::SocketAddr) -> anyhow::Result<tokio::net::TcpListe
 /// The runtime a client or a bare server runs on: the same as `serve`'s,
 /// so that the two sides of a comparison schedule alike.
 fn runtime(threads: &Threads) -> anyhow::Result<tokio::runtime::Runtime> {
-    crate::base::runtime(threads).context("cannot start the async runtime")
+    sluice_server::runtime(threads).context("cannot start the async runtime")
 }
 
 /// When the run's phases start and end.

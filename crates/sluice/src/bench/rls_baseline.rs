@@ -13,16 +13,14 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use anyhow::Context;
 use clap::Args;
 use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_response::{Code, DescriptorStatus};
-use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::{
-    RateLimitService, RateLimitServiceServer,
-};
+use envoy_types::pb::envoy::service::ratelimit::v3::rate_limit_service_server::RateLimitService;
 use envoy_types::pb::envoy::service::ratelimit::v3::{RateLimitRequest, RateLimitResponse};
 use tonic::{Request, Response, Status};
 
-use crate::listen::{Limits, Listener};
+use sluice_server::listen::{Limits, Listener};
+use sluice_server::serve::serve_rate_limit_service;
 
 /// Arguments of `sluice bench rls-baseline`.
 #[derive(Debug, Args)]
@@ -35,7 +33,7 @@ pub(super) struct RlsBaselineArgs {
     #[arg(long, default_value = "127.0.0.1:8091")]
     listen: SocketAddr,
     #[command(flatten)]
-    threads: crate::flags::Threads,
+    threads: sluice_server::flags::Threads,
 }
 
 /// Answers every call with `OK`.
@@ -70,15 +68,17 @@ pub(super) fn run(args: &RlsBaselineArgs) -> anyhow::Result<()> {
     super::runtime(&args.threads)?.block_on(async {
         let tcp = super::announce(args.listen)?;
         // `sluice serve`'s listener, with its default limits, and its
-        // server, with its default call timeout.
-        let (incoming, _) = Listener::new(tcp, "grpc", &Limits::default()).incoming();
-        crate::serve::grpc_server(Duration::from_secs(10))
-            .add_service(RateLimitServiceServer::new(AlwaysOk))
-            // Serve's server can be shut down, and tonic then checks for
-            // the signal each time it polls a connection. The floor does
-            // that work too, though nothing ever signals it.
-            .serve_with_incoming_shutdown(incoming, std::future::pending())
-            .await
-            .context("the gRPC server failed")
+        // server, with its default call timeout. Serve's server can be
+        // shut down, and tonic then checks for the signal each time it
+        // polls a connection; the floor does that work too, though nothing
+        // ever signals it.
+        let listener = Listener::new(tcp, "grpc", &Limits::default());
+        serve_rate_limit_service(
+            listener,
+            AlwaysOk,
+            Duration::from_secs(10),
+            std::future::pending(),
+        )
+        .await
     })
 }

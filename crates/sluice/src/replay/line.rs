@@ -12,7 +12,7 @@ pub(crate) struct Line<'a> {
     pub(crate) t: &'a serde_json::Number,
     pub(crate) allowed: bool,
     pub(crate) rule: Option<&'a str>,
-    #[serde(serialize_with = "crate::numbers::optional_number")]
+    #[serde(serialize_with = "sluice_server::numbers::optional_number")]
     pub(crate) limit: Option<f64>,
     pub(crate) remaining: Option<u64>,
     pub(crate) retry_after: Option<f64>,

@@ -23,10 +23,10 @@ use anyhow::Context;
 use clap::Args;
 use sluice_policy::Policy;
 
-use crate::flags::PolicyFile;
 use event::{Event, EventLines};
 use line::Line;
 use sluice_core::Store;
+use sluice_server::flags::PolicyFile;
 
 /// Arguments of `sluice replay`.
 #[derive(Debug, Args)]

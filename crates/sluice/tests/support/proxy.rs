@@ -7,11 +7,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
-use sluice::listen::{Limits, Listener};
-use sluice::proxy::{Upstream, proxy};
 use sluice_core::MemoryStore;
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::listen::{Limits, Listener};
+use sluice_server::proxy::{Upstream, proxy};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;

@@ -8,10 +8,10 @@ use axum::body::{Body, Bytes};
 use http_body_util::BodyExt;
 use http_body_util::channel::Channel;
 use hyper::body::Frame;
-use sluice::serve::{AnyStore, ServerState, app};
 use sluice_core::{FakeClock, MemoryStore, Nanos};
 use sluice_http::Enforcer;
 use sluice_policy::Policy;
+use sluice_server::serve::{AnyStore, ServerState, app};
 use tower::ServiceExt;
 
 use super::{PATIENCE, Process, eventually, serve_args, sluice};

@@ -11,7 +11,7 @@ use sluice_core::Store;
 use sluice_engine::Enforcer;
 use sluice_policy::{Policy, PolicyError, StoreConfig};
 
-use super::store::{AnyStore, Choice};
+use super::store::{AnyStore, StoreChoice};
 use crate::flags::StoreFlag;
 
 /// How often the policy file is looked at for changes.
@@ -73,7 +73,7 @@ impl Loaded {
                 None
             }
         };
-        let choice = Choice::of(store.choice.as_deref(), store.timeout, policy.store())?;
+        let choice = StoreChoice::of(store.choice.as_deref(), store.timeout, policy.store())?;
         let name = choice.to_string();
         tracing::info!(store = %name, "the store in use");
         let opened = AnyStore::open_choice(&choice)?;

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 /// A positive duration, for clap's `value_parser`.
-pub(crate) fn parse(s: &str) -> Result<Duration, String> {
+pub fn parse(s: &str) -> Result<Duration, String> {
     let s = s.trim();
     let d = match s.parse::<f64>() {
         Ok(secs) => Duration::try_from_secs_f64(secs)

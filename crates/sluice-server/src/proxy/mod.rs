@@ -113,7 +113,8 @@ pub struct ProxyArgs {
     pub(crate) threads: Threads,
 }
 
-pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
+/// Runs `sluice proxy` with `args` until a signal stops it.
+pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     crate::base::init_logs();
     // A client connection may hold an upstream connection, and an admin
     // listener has its own cap.
@@ -202,8 +203,8 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
 ///
 /// ```no_run
 /// use std::sync::Arc;
-/// use sluice::listen::{Limits, Listener};
-/// use sluice::proxy::{Upstream, proxy};
+/// use sluice_server::listen::{Limits, Listener};
+/// use sluice_server::proxy::{Upstream, proxy};
 /// use sluice_core::MemoryStore;
 /// use sluice_http::Enforcer;
 /// use sluice_policy::Policy;
@@ -216,7 +217,7 @@ pub(crate) fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
 ///     algorithm_config: {rps: 10, burst: 20}
 /// "#, "policy.yaml")?;
 /// let enforcer = Arc::new(Enforcer::new(policy, MemoryStore::new()));
-/// let listener = sluice::listen::bind("127.0.0.1:8000".parse()?)?;
+/// let listener = sluice_server::listen::bind("127.0.0.1:8000".parse()?)?;
 /// let listener = Listener::new(listener, "proxy", &Limits::default());
 /// let upstream = Upstream::parse("http://127.0.0.1:9000")?;
 /// proxy(listener, enforcer, upstream, async {
@@ -253,4 +254,35 @@ pub async fn proxy_with<S: Store + 'static>(
         })
     };
     crate::listen::serve_connections(listener, per_connection, stop).await;
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use clap::Parser;
+    use clap::error::ErrorKind;
+
+    use super::ProxyArgs;
+
+    #[derive(Debug, Parser)]
+    struct Proxy {
+        #[command(flatten)]
+        args: ProxyArgs,
+    }
+
+    fn parse(args: &[&str]) -> Result<ProxyArgs, clap::Error> {
+        Proxy::try_parse_from(std::iter::once("proxy").chain(args.iter().copied())).map(|p| p.args)
+    }
+
+    #[test]
+    fn proxy_needs_a_policy_and_takes_its_store_from_it_unless_told() {
+        let err = parse(&["--upstream", "http://u"]).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::MissingRequiredArgument);
+        let args = parse(&["--upstream", "http://u", "--policy", "b.yaml"]).unwrap();
+        assert_eq!(args.policy.path, Path::new("b.yaml"));
+        assert!(args.store.choice.is_none());
+    }
 }

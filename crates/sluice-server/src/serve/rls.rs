@@ -38,7 +38,7 @@ use crate::ops::ServerState;
 ///
 /// ```
 /// # use std::sync::Arc;
-/// use sluice::serve::{AnyStore, ServerState, Rls};
+/// use sluice_server::serve::{AnyStore, ServerState, Rls};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
@@ -85,10 +85,27 @@ pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
     call_timeout: Duration,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_rate_limit_service(listener, Rls::new(state), call_timeout, stop).await
+}
+
+/// Serves any implementation of Envoy's rate limit service as
+/// [`serve_grpc`] serves [`Rls`]: on the same listener, tonic server, call
+/// timeout, HTTP/2 keep-alive and graceful stop. `sluice bench
+/// rls-baseline` serves one that decides nothing, so that it and `sluice
+/// serve` differ only in the service.
+pub async fn serve_rate_limit_service<S: RateLimitService>(
+    listener: Listener,
+    service: S,
+    call_timeout: Duration,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
     let (incoming, drain) = listener.incoming();
     let (stopping, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = grpc_server(call_timeout)
-        .add_service(Rls::new(state).into_server())
+    let server = tonic::transport::Server::builder()
+        .timeout(call_timeout)
+        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
+        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
+        .add_service(RateLimitServiceServer::new(service))
         .serve_with_incoming_shutdown(incoming, async move {
             stop.await;
             let _ = stopping.send(());
@@ -106,16 +123,6 @@ pub async fn serve_grpc<C: Clock + Send + Sync + 'static>(
         })
         .await;
     failed.map_or(Ok(()), |e| Err(grpc_failed(e)))
-}
-
-/// The gRPC server RLS runs on, before its service is added: also the
-/// floor that `sluice bench rls-baseline` serves, so that the two differ
-/// only in the service.
-pub(crate) fn grpc_server(call_timeout: Duration) -> tonic::transport::Server {
-    tonic::transport::Server::builder()
-        .timeout(call_timeout)
-        .http2_keepalive_interval(Some(KEEPALIVE_INTERVAL))
-        .http2_keepalive_timeout(Some(KEEPALIVE_TIMEOUT))
 }
 
 fn grpc_failed(e: tonic::transport::Error) -> anyhow::Error {

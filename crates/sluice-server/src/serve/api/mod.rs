@@ -37,7 +37,7 @@ pub const MAX_BODY: usize = 64 * 1024;
 /// ```
 /// # use std::sync::Arc;
 /// use axum::body::Body;
-/// use sluice::serve::{AnyStore, ServerState, app};
+/// use sluice_server::serve::{AnyStore, ServerState, app};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
@@ -84,7 +84,7 @@ pub fn app<C: Clock + Send + Sync + 'static>(state: Arc<ServerState<C>>) -> Api<
 /// ```
 /// # use std::sync::Arc;
 /// use axum::body::Body;
-/// use sluice::serve::{AnyStore, Api, ServerState, app};
+/// use sluice_server::serve::{AnyStore, Api, ServerState, app};
 /// # use sluice_core::MemoryStore;
 /// # use sluice_http::Enforcer;
 /// # use sluice_policy::Policy;
@@ -175,7 +175,7 @@ fn routes<C: Clock + Send + Sync + 'static>()
 /// The paths the decision API answers.
 ///
 /// ```
-/// assert!(sluice::serve::paths().contains(&"/v1/limit"));
+/// assert!(sluice_server::serve::paths().contains(&"/v1/limit"));
 /// ```
 pub fn paths() -> Vec<&'static str> {
     routes::<SystemClock>()

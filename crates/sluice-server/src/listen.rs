@@ -51,7 +51,7 @@ const LISTEN_BACKLOG: u32 = 4096;
 ///
 /// ```
 /// # tokio::runtime::Runtime::new()?.block_on(async {
-/// let tcp = sluice::listen::bind("127.0.0.1:0".parse().unwrap())?;
+/// let tcp = sluice_server::listen::bind("127.0.0.1:0".parse().unwrap())?;
 /// assert!(tcp.local_addr()?.port() > 0);
 /// # Ok::<_, std::io::Error>(())
 /// # })?;
@@ -124,7 +124,7 @@ impl Limits {
     /// [`DEFAULT_MAX_CONNECTIONS`].
     ///
     /// ```
-    /// use sluice::listen::{DEFAULT_MAX_CONNECTIONS, Limits};
+    /// use sluice_server::listen::{DEFAULT_MAX_CONNECTIONS, Limits};
     /// assert_eq!(Limits::default().max_connections(), DEFAULT_MAX_CONNECTIONS);
     /// let given = Limits { max_connections: Some(64), ..Limits::default() };
     /// assert_eq!(given.max_connections(), 64);
@@ -184,9 +184,9 @@ fn connections_that_fit(fd_limit: u64, fds_per_connection: usize, reserved: usiz
 /// `sluice_connections_shed_total`, labelled `listener` with its name.
 ///
 /// ```
-/// use sluice::listen::{Limits, Listener};
+/// use sluice_server::listen::{Limits, Listener};
 /// # tokio::runtime::Runtime::new()?.block_on(async {
-/// let tcp = sluice::listen::bind("127.0.0.1:0".parse().unwrap())?;
+/// let tcp = sluice_server::listen::bind("127.0.0.1:0".parse().unwrap())?;
 /// let listener = Listener::new(tcp, "http", &Limits::default());
 /// assert!(listener.local_addr()?.port() > 0);
 /// # Ok::<_, std::io::Error>(())

@@ -20,10 +20,10 @@ pub const DEFAULT_BODY_TIMEOUT: Duration = Duration::from_secs(60);
 /// base path that every forwarded path is appended to.
 ///
 /// ```
-/// use sluice::proxy::Upstream;
+/// use sluice_server::proxy::Upstream;
 /// let up: Upstream = "http://127.0.0.1:9000/api/".parse().unwrap();
 /// assert_eq!(up.to_string(), "http://127.0.0.1:9000/api");
-/// assert_eq!(up.timeout(), sluice::proxy::DEFAULT_TIMEOUT);
+/// assert_eq!(up.timeout(), sluice_server::proxy::DEFAULT_TIMEOUT);
 /// assert!("https://example.com".parse::<Upstream>().is_err());
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -38,7 +38,7 @@ pub struct Upstream {
 /// Why an upstream URL was refused.
 ///
 /// ```
-/// use sluice::proxy::{Upstream, UpstreamError};
+/// use sluice_server::proxy::{Upstream, UpstreamError};
 /// let err = Upstream::parse("ftp://example.com").unwrap_err();
 /// assert!(matches!(err, UpstreamError::Scheme { .. }));
 /// assert!(err.to_string().contains("http://"));
@@ -99,7 +99,7 @@ impl Upstream {
     /// Parses `http://host[:port][/base/path]`.
     ///
     /// ```
-    /// use sluice::proxy::Upstream;
+    /// use sluice_server::proxy::Upstream;
     /// assert!(Upstream::parse("http://localhost:8080").is_ok());
     /// assert!(Upstream::parse("http://[::1]:8080/v2").is_ok());
     /// assert!(Upstream::parse("localhost:8080").is_err());
@@ -146,7 +146,7 @@ impl Upstream {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sluice::proxy::Upstream;
+    /// use sluice_server::proxy::Upstream;
     /// let up = Upstream::parse("http://localhost:80").unwrap().with_timeout(Duration::from_secs(5));
     /// assert_eq!(up.timeout(), Duration::from_secs(5));
     /// ```
@@ -169,7 +169,7 @@ impl Upstream {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use sluice::proxy::{DEFAULT_BODY_TIMEOUT, Upstream};
+    /// use sluice_server::proxy::{DEFAULT_BODY_TIMEOUT, Upstream};
     /// let up = Upstream::parse("http://localhost:80").unwrap();
     /// assert_eq!(up.body_timeout(), DEFAULT_BODY_TIMEOUT);
     /// let up = up.with_body_timeout(Duration::from_secs(5));

@@ -14,7 +14,8 @@ mod store;
 
 pub use metrics::Metrics;
 pub use store::AnyStore;
-pub(crate) use store::{Choice, report_first_answer};
+pub use store::StoreChoice;
+pub(crate) use store::report_first_answer;
 
 pub(crate) use access::{foreign_page, holds_token, is_address, is_json, not_json};
 pub(crate) use endpoints::{clip, metrics_page, problem, readiness, ready};
@@ -30,7 +31,7 @@ pub(crate) use signals::{Stop, shutdown_signal};
 /// on the calling thread and the connections on the worker: two busy
 /// threads on one CPU, handing work across; `docs/performance.md` has what
 /// that cost a request.
-pub(crate) fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio::runtime::Runtime> {
+pub fn runtime(threads: &crate::flags::Threads) -> std::io::Result<tokio::runtime::Runtime> {
     let n = threads.get();
     let mut builder = if n == 1 {
         tokio::runtime::Builder::new_current_thread()

@@ -14,7 +14,7 @@ use clap::Args;
 /// `serve` takes it as `Option<PolicyFile>` and makes the flag optional,
 /// since without one it serves the bundled example.
 #[derive(Debug, Args)]
-pub(crate) struct PolicyFile {
+pub struct PolicyFile {
     /// The policy file, YAML or JSON.
     #[arg(
         id = "policy",
@@ -23,12 +23,12 @@ pub(crate) struct PolicyFile {
         value_name = "POLICY",
         env = "SLUICE_POLICY"
     )]
-    pub(crate) path: PathBuf,
+    pub path: PathBuf,
 }
 
 /// `--store`: the store a server opens instead of the one its policy names.
 #[derive(Debug, Args)]
-pub(crate) struct StoreFlag {
+pub struct StoreFlag {
     /// The store, overriding the policy's: `memory`, a `redis://`,
     /// `rediss://` or `redis+cluster://` URL, or a `postgres://` or
     /// `postgresql://` URL.
@@ -38,7 +38,7 @@ pub(crate) struct StoreFlag {
         value_name = "STORE",
         env = "SLUICE_STORE"
     )]
-    pub(crate) choice: Option<String>,
+    pub choice: Option<String>,
     /// How long each call to a Redis or PostgreSQL store may take before
     /// it counts as failed (and each rule's `on_store_error` applies),
     /// e.g. `200ms`; over the policy's `timeout_ms`. The memory store has
@@ -50,13 +50,13 @@ pub(crate) struct StoreFlag {
         env = "SLUICE_STORE_TIMEOUT",
         value_parser = crate::duration::parse,
     )]
-    pub(crate) timeout: Option<std::time::Duration>,
+    pub timeout: Option<std::time::Duration>,
 }
 
 /// `--threads`: how many threads a server, or a benchmark's client, runs
 /// its connections on.
 #[derive(Debug, Default, Args)]
-pub(crate) struct Threads {
+pub struct Threads {
     /// Worker threads; one for each CPU this process may use unless given.
     /// On one thread the process runs tokio's single-threaded scheduler,
     /// which answers the same and costs less per request than a
@@ -68,13 +68,13 @@ pub(crate) struct Threads {
         env = "SLUICE_THREADS",
         value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..=1024),
     )]
-    pub(crate) count: Option<usize>,
+    pub count: Option<usize>,
 }
 
 impl Threads {
     /// The number given, or the CPUs this process may use (its affinity
     /// mask and CPU quota), or one when that cannot be read.
-    pub(crate) fn get(&self) -> usize {
+    pub fn get(&self) -> usize {
         self.count
             .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, NonZeroUsize::get))
     }

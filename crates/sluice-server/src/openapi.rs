@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 /// The description of `sluice serve`'s HTTP port, as served.
 ///
 /// ```
-/// let doc: serde_json::Value = serde_json::from_str(sluice::openapi::SERVE)?;
+/// let doc: serde_json::Value = serde_json::from_str(sluice_server::openapi::SERVE)?;
 /// assert_eq!(doc["openapi"], "3.1.0");
 /// assert!(doc["paths"]["/v1/limit"]["post"].is_object());
 /// # Ok::<_, serde_json::Error>(())
@@ -23,7 +23,7 @@ pub const SERVE: &str = include_str!("openapi.json");
 /// any more describes nothing, and harms nothing.
 ///
 /// ```
-/// let doc = sluice::openapi::narrowed(&["/healthz"], "Health", "Only health.")?;
+/// let doc = sluice_server::openapi::narrowed(&["/healthz"], "Health", "Only health.")?;
 /// let doc: serde_json::Value = serde_json::from_str(&doc)?;
 /// assert_eq!(doc["info"]["title"], "Health");
 /// let paths: Vec<_> = doc["paths"].as_object().unwrap().keys().collect();

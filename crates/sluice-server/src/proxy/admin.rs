@@ -22,7 +22,7 @@ fn routes() -> Vec<(&'static str, MethodRouter<Arc<ServerState>>)> {
 /// The paths the proxy's admin listener answers.
 ///
 /// ```
-/// assert!(sluice::proxy::admin_paths().contains(&"/readyz"));
+/// assert!(sluice_server::proxy::admin_paths().contains(&"/readyz"));
 /// ```
 pub fn paths() -> Vec<&'static str> {
     routes().into_iter().map(|(path, _)| path).collect()

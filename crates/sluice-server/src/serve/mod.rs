@@ -19,8 +19,7 @@ use sluice_policy::Policy;
 use tower::ServiceExt;
 
 pub use api::{Api, MAX_BODY, app, paths};
-pub(crate) use rls::grpc_server;
-pub use rls::{Rls, serve_grpc};
+pub use rls::{Rls, serve_grpc, serve_rate_limit_service};
 // What a `ServerState` is made of, so that one can be built from here alone.
 pub use crate::base::{AnyStore, Metrics};
 pub use crate::dashboard::Dashboard;
@@ -38,7 +37,7 @@ pub const EXAMPLE_POLICY: &str = include_str!("../../../../examples/policy.yaml"
 #[command(mut_arg("policy", |policy| policy
     .required(false)
     .help("The policy; without one, the bundled example policy is served")))]
-pub(crate) struct ServeArgs {
+pub struct ServeArgs {
     #[command(flatten)]
     pub(crate) policy: Option<PolicyFile>,
     /// Where the HTTP decision API, /metrics, /healthz, /readyz and the
@@ -77,7 +76,8 @@ pub(crate) struct ServeArgs {
     pub(crate) threads: Threads,
 }
 
-pub(crate) fn run(mut args: ServeArgs) -> anyhow::Result<()> {
+/// Runs `sluice serve` with `args` until a signal stops it.
+pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     crate::base::init_logs();
     // Both listeners may be at their cap at once.
     args.limits.fit_fd_limit(2, crate::listen::OTHER_FDS);
@@ -153,4 +153,35 @@ pub async fn serve<C: Clock + Send + Sync + 'static>(
     };
     crate::listen::serve_connections(listener, per_connection, stop).await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+
+    use std::path::Path;
+
+    use clap::Parser;
+
+    use super::ServeArgs;
+
+    #[derive(Debug, Parser)]
+    struct Serve {
+        #[command(flatten)]
+        args: ServeArgs,
+    }
+
+    fn parse(args: &[&str]) -> ServeArgs {
+        Serve::try_parse_from(std::iter::once("serve").chain(args.iter().copied()))
+            .unwrap()
+            .args
+    }
+
+    #[test]
+    fn serve_takes_the_shared_policy_flag_but_may_go_without_it() {
+        assert!(parse(&[]).policy.is_none());
+        let args = parse(&["-p", "a.yaml", "--store", "memory"]);
+        assert_eq!(args.policy.unwrap().path, Path::new("a.yaml"));
+        assert_eq!(args.store.choice.as_deref(), Some("memory"));
+    }
 }

@@ -28,7 +28,7 @@ pub enum AnyStore<C = SystemClock> {
 
 /// The store that `--store` (when given) or the policy names, before it is
 /// opened; shown as the log names it, a Redis URL with its password masked.
-pub(crate) struct Choice<'a> {
+pub struct StoreChoice<'a> {
     kind: Kind<'a>,
     /// Chosen by `--store` (or `SLUICE_STORE`) over the policy.
     by_flag: bool,
@@ -40,10 +40,10 @@ enum Kind<'a> {
     Postgres(Box<PostgresConfig>),
 }
 
-impl<'a> Choice<'a> {
+impl<'a> StoreChoice<'a> {
     /// What `flag`, when given, or else `policy` chooses; `timeout`, when
     /// given, over the timeout the policy gives its store.
-    pub(crate) fn of(
+    pub fn of(
         flag: Option<&'a str>,
         timeout: Option<Duration>,
         policy: &'a StoreConfig,
@@ -83,16 +83,16 @@ impl<'a> Choice<'a> {
             (Kind::Redis(url, _), Some(t)) => Kind::Redis(url, Some(t)),
             (Kind::Postgres(config), Some(t)) => Kind::Postgres(Box::new(config.with_timeout(t))),
         };
-        Ok(Choice {
+        Ok(StoreChoice {
             kind,
             by_flag: flag.is_some(),
         })
     }
 }
 
-impl Choice<'_> {
+impl StoreChoice<'_> {
     /// The database, when the choice is PostgreSQL.
-    pub(crate) fn postgres(&self) -> Option<&PostgresConfig> {
+    pub fn postgres(&self) -> Option<&PostgresConfig> {
         match &self.kind {
             Kind::Postgres(config) => Some(config),
             Kind::Memory(_) | Kind::Redis(..) => None,
@@ -100,7 +100,7 @@ impl Choice<'_> {
     }
 }
 
-impl fmt::Display for Choice<'_> {
+impl fmt::Display for StoreChoice<'_> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self.kind {
             Kind::Memory(None) => f.write_str("memory")?,
@@ -126,11 +126,11 @@ impl AnyStore<SystemClock> {
     /// Opens the store that `--store` (when given) or the policy names.
     /// A Redis store opens even while Redis is down; `/readyz` says so.
     pub fn open(flag: Option<&str>, policy: &StoreConfig) -> anyhow::Result<Self> {
-        Self::open_choice(&Choice::of(flag, None, policy)?)
+        Self::open_choice(&StoreChoice::of(flag, None, policy)?)
     }
 
     /// Opens the store `choice` names.
-    pub(crate) fn open_choice(choice: &Choice<'_>) -> anyhow::Result<Self> {
+    pub(crate) fn open_choice(choice: &StoreChoice<'_>) -> anyhow::Result<Self> {
         match choice.kind {
             Kind::Memory(max) => {
                 let store = MemoryStore::new();
@@ -314,12 +314,12 @@ mod tests {
             url: "redis://:secret@db:6379".into(),
             timeout: Some(Duration::from_millis(50)),
         };
-        let choice = Choice::of(None, Some(Duration::from_secs(2)), &policy).unwrap();
+        let choice = StoreChoice::of(None, Some(Duration::from_secs(2)), &policy).unwrap();
         assert_eq!(
             choice.to_string(),
             "redis://:***@db:6379, calls time out after 2s"
         );
-        let choice = Choice::of(
+        let choice = StoreChoice::of(
             Some("redis://db"),
             Some(Duration::from_millis(300)),
             &policy,
@@ -328,7 +328,7 @@ mod tests {
             choice.unwrap().kind,
             Kind::Redis("redis://db", Some(t)) if t == Duration::from_millis(300)
         ));
-        let pg = Choice::of(
+        let pg = StoreChoice::of(
             Some("postgres://u@db/d"),
             Some(Duration::from_secs(1)),
             &policy,
@@ -338,10 +338,10 @@ mod tests {
             Duration::from_secs(1)
         );
         let memory = StoreConfig::Memory { max_keys: None };
-        let refused = Choice::of(None, Some(Duration::from_secs(1)), &memory)
+        let refused = StoreChoice::of(None, Some(Duration::from_secs(1)), &memory)
             .err()
             .unwrap();
         assert!(refused.to_string().contains("memory has none"), "{refused}");
-        assert!(Choice::of(Some("memory"), Some(Duration::from_secs(1)), &policy).is_err());
+        assert!(StoreChoice::of(Some("memory"), Some(Duration::from_secs(1)), &policy).is_err());
     }
 }
