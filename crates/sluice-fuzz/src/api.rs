@@ -9,7 +9,7 @@ pub(crate) const ENDPOINTS: [(Method, &str); 8] = [
     (Method::POST, "/v1/limit"),
     (Method::POST, "/v1/check"),
     (Method::POST, "/v1/reset"),
-    (Method::POST, "/v1/decide"),
+    (Method::POST, "/v1/enforce"),
     (Method::GET, "/v1/value"),
     (Method::POST, "/v1/refund"),
     (Method::POST, "/v1/acquire"),
@@ -23,7 +23,7 @@ pub(crate) const ENDPOINTS: [(Method, &str); 8] = [
 /// token does); [`api_calls`](crate::api_calls) varies who calls.
 ///
 /// The first byte picks the endpoint: `0` `/v1/limit`, `1` `/v1/check`, `2`
-/// `/v1/reset` (with the admin token), `3` `/v1/decide`, `4` `/v1/value`,
+/// `/v1/reset` (with the admin token), `3` `/v1/enforce`, `4` `/v1/value`,
 /// `5` `/v1/refund`, `6` `/v1/acquire`, `7` `/v1/release`; other bytes wrap
 /// around. The rest is the JSON body, or for `/v1/value`
 /// the query string (bytes a URI cannot hold are percent-encoded).

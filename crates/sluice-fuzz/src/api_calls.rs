@@ -130,7 +130,7 @@ impl Caller {
 ///
 /// Each line of the input is a call: an endpoint byte as [`api`](crate::api)
 /// takes it (`0` `/v1/limit`, `1` `/v1/check`, `2` `/v1/reset`, `3`
-/// `/v1/decide`, `4` `/v1/value`, `5` `/v1/refund`, `6` `/v1/acquire`, `7`
+/// `/v1/enforce`, `4` `/v1/value`, `5` `/v1/refund`, `6` `/v1/acquire`, `7`
 /// `/v1/release`), a caller byte `c` (less `'0'`: `c % 4` the token, none,
 /// the API's, the admin's or a wrong one; `c / 4 % 4` the content type,
 /// JSON, `text/plain`, none or JSON with a charset; `c / 16 % 4` the page,

@@ -171,7 +171,7 @@ fn attacks(lease: &str) -> Vec<(&'static str, Value)> {
             json!({"limit": "uploads", "key": "victim", "lease": lease}),
         ),
         ("/v1/reset", json!({"limit": "messages", "key": "victim"})),
-        ("/v1/decide", json!({"ip": "192.0.2.66", "path": "/"})),
+        ("/v1/enforce", json!({"ip": "192.0.2.66", "path": "/"})),
     ]
 }
 
@@ -284,9 +284,9 @@ async fn a_web_page_of_another_site_changes_nothing_through_any_endpoint() {
     for _ in 0..2 {
         assert_eq!(server.call("/v1/acquire", &take, None).await.0, 200);
     }
-    let decide = |ip: &str| json!({"ip": ip, "path": "/"});
-    let (_, fresh) = server.call("/v1/decide", &decide("192.0.2.67"), None).await;
-    let (_, attacked) = server.call("/v1/decide", &decide("192.0.2.66"), None).await;
+    let event = |ip: &str| json!({"ip": ip, "path": "/"});
+    let (_, fresh) = server.call("/v1/enforce", &event("192.0.2.67"), None).await;
+    let (_, attacked) = server.call("/v1/enforce", &event("192.0.2.66"), None).await;
     assert_eq!(attacked["remaining"], fresh["remaining"], "{attacked}");
 }
 
@@ -441,7 +441,7 @@ async fn with_an_api_token_privileged_calls_need_it_and_one_without_changes_noth
             "/v1/release",
             json!({"limit": "uploads", "key": "victim", "lease": lease}),
         ),
-        ("/v1/decide", json!({"ip": "192.0.2.1"})),
+        ("/v1/enforce", json!({"ip": "192.0.2.1"})),
     ];
     for (path, body) in free {
         let (status, answer) = server.call(path, &body, None).await;

@@ -114,7 +114,7 @@ async fn next_second(s: &Arc<ServerState>) {
     panic!("no sample was taken within 1.1 s of paused time");
 }
 
-fn decide(ip: &str) -> String {
+fn event(ip: &str) -> String {
     format!(r#"{{"method": "GET", "path": "/", "ip": "{ip}"}}"#)
 }
 
@@ -131,9 +131,9 @@ fn rule<'a>(stats: &'a Value, name: &str, mode: &str) -> &'a Value {
 async fn each_second_counts_every_rules_decisions_and_the_keys_denied_most() {
     let s = state(None);
     for _ in 0..3 {
-        send(&s, "POST", "/v1/decide", &decide("192.0.2.7"), None).await;
+        send(&s, "POST", "/v1/enforce", &event("192.0.2.7"), None).await;
     }
-    send(&s, "POST", "/v1/decide", &decide("192.0.2.8"), None).await;
+    send(&s, "POST", "/v1/enforce", &event("192.0.2.8"), None).await;
     for _ in 0..4 {
         send(
             &s,

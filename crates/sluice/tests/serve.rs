@@ -514,7 +514,7 @@ async fn bad_input_gets_a_4xx_problem() {
             400,
         ),
         ("/v1/limit", "x".repeat(MAX_BODY + 1), 413),
-        ("/v1/decide", r#"{"ip": "not-an-ip"}"#.into(), 400),
+        ("/v1/enforce", r#"{"ip": "not-an-ip"}"#.into(), 400),
         ("/v1/nothing", "{}".into(), 404),
     ];
     for (uri, body, want) in cases {
@@ -550,7 +550,7 @@ async fn a_body_in_pieces_is_read_whole_and_held_to_the_limit() {
     assert_eq!((st, &j["remaining"]), (200, &0.into()), "{j}");
     // Over the limit only in total, and with no length to refuse it by.
     let chunk = vec![b' '; MAX_BODY / 4];
-    for uri in ["/v1/limit", "/v1/decide"] {
+    for uri in ["/v1/limit", "/v1/enforce"] {
         let (st, ctype, j) = call(&s, "POST", uri, in_pieces(vec![chunk.clone(); 5]), None).await;
         assert_eq!(
             (st, ctype.as_str()),
@@ -568,20 +568,20 @@ async fn a_body_in_pieces_is_read_whole_and_held_to_the_limit() {
 }
 
 #[tokio::test]
-async fn decide_answers_with_the_headers_the_middleware_would_set() {
+async fn enforce_answers_with_the_headers_the_middleware_would_set() {
     let s = state(None);
     let event = serde_json::json!({"ip": "203.0.113.9", "method": "GET", "path": "/x"}).to_string();
-    let (st, _, j) = call(&s, "POST", "/v1/decide", event.clone(), None).await;
+    let (st, _, j) = call(&s, "POST", "/v1/enforce", event.clone(), None).await;
     assert_eq!(st, 200);
     assert_eq!(j["rule"], "per-ip");
     assert_eq!(j["headers"]["ratelimit"], r#""per-ip";r=0;t=1"#);
-    let (st, _, j) = call(&s, "POST", "/v1/decide", event, None).await;
+    let (st, _, j) = call(&s, "POST", "/v1/enforce", event, None).await;
     assert_eq!(st, 429);
     assert_eq!(j["allowed"], false);
     assert_eq!(j["retry_after"], 1.0);
     assert_eq!(j["headers"]["retry-after"], "1");
     // No rule applies without an address.
-    let (st, _, j) = call(&s, "POST", "/v1/decide", "{}", None).await;
+    let (st, _, j) = call(&s, "POST", "/v1/enforce", "{}", None).await;
     assert_eq!((st, &j["rule"]), (200, &serde_json::Value::Null));
 }
 
@@ -934,10 +934,10 @@ async fn a_reservation_beyond_the_horizon_is_refused_and_the_key_still_serves() 
     assert_eq!((st, &j["remaining"]), (200, &1.into()));
 }
 
-/// `/v1/decide` takes `ip` as the peer, and applies `trusted_proxies` to
+/// `/v1/enforce` takes `ip` as the peer, and applies `trusted_proxies` to
 /// the headers it is given, as the middleware does to a live request.
 #[tokio::test]
-async fn decide_reads_forwarding_headers_only_from_trusted_proxies() {
+async fn enforce_reads_forwarding_headers_only_from_trusted_proxies() {
     let s = state_of(
         r#"
 trusted_proxies: {cidrs: [10.0.0.0/8], header: x-forwarded-for}
@@ -949,18 +949,18 @@ rules:
 "#,
         None,
     );
-    let decide = async |ip: &str, xff: &str| {
+    let enforce = async |ip: &str, xff: &str| {
         let body = serde_json::json!({"ip": ip, "headers": {"X-Forwarded-For": xff, "Forwarded": "for=_hidden"}});
-        let (st, _, _) = call(&s, "POST", "/v1/decide", body.to_string(), None).await;
+        let (st, _, _) = call(&s, "POST", "/v1/enforce", body.to_string(), None).await;
         st
     };
     // Two clients behind one proxy each get their own bucket.
-    assert_eq!(decide("10.0.0.1", "192.0.2.1").await, 200);
-    assert_eq!(decide("10.0.0.1", "192.0.2.2").await, 200);
-    assert_eq!(decide("10.0.0.1", "192.0.2.1").await, 429);
+    assert_eq!(enforce("10.0.0.1", "192.0.2.1").await, 200);
+    assert_eq!(enforce("10.0.0.1", "192.0.2.2").await, 200);
+    assert_eq!(enforce("10.0.0.1", "192.0.2.1").await, 429);
     // An untrusted peer is the client, whatever it claims.
-    assert_eq!(decide("203.0.113.5", "192.0.2.3").await, 200);
-    assert_eq!(decide("203.0.113.5", "192.0.2.4").await, 429);
+    assert_eq!(enforce("203.0.113.5", "192.0.2.3").await, 200);
+    assert_eq!(enforce("203.0.113.5", "192.0.2.4").await, 429);
 }
 
 /// A container sets flags through the environment: `SLUICE_HTTP`,
@@ -1038,17 +1038,17 @@ async fn a_check_reports_what_would_remain_were_the_call_taken_and_takes_nothing
     assert_eq!((&v["tokens"], &v["remaining"]), (&2.0.into(), &2.0.into()));
 }
 
-/// `/v1/decide` takes a request event as `sluice replay` reads it: the
+/// `/v1/enforce` takes a request event as `sluice replay` reads it: the
 /// replay page's own line, `t` and all (the server decides at its own time).
 #[tokio::test]
-async fn decide_takes_a_request_event_as_the_replay_docs_write_it() {
+async fn enforce_takes_a_request_event_as_the_replay_docs_write_it() {
     let page = include_str!("../../../docs/replay.md");
     let event = page
         .lines()
         .find(|l| l.starts_with(r#"{"t":"#) && l.contains(r#""ip":"#))
         .expect("docs/replay.md shows a request event");
     let s = state(None);
-    let (status, ctype, d) = call(&s, "POST", "/v1/decide", event.to_owned(), None).await;
+    let (status, ctype, d) = call(&s, "POST", "/v1/enforce", event.to_owned(), None).await;
     assert_eq!(
         (status, ctype.as_str()),
         (200, "application/json"),
@@ -1058,15 +1058,39 @@ async fn decide_takes_a_request_event_as_the_replay_docs_write_it() {
     // `t` is a time: a number, as replay reads it.
     let mut wrong: serde_json::Value = serde_json::from_str(event).unwrap();
     wrong["t"] = "soon".into();
-    let (status, _, d) = call(&s, "POST", "/v1/decide", wrong.to_string(), None).await;
+    let (status, _, d) = call(&s, "POST", "/v1/enforce", wrong.to_string(), None).await;
     assert_eq!(status, 400, "{d}");
     // Nothing here learns when the request's work ends, so no slot is held
     // for a `duration`: one is refused rather than ignored.
     let mut held: serde_json::Value = serde_json::from_str(event).unwrap();
     held["duration"] = 2.5.into();
-    let (status, _, d) = call(&s, "POST", "/v1/decide", held.to_string(), None).await;
+    let (status, _, d) = call(&s, "POST", "/v1/enforce", held.to_string(), None).await;
     assert_eq!(status, 400, "{d}");
     assert!(d["detail"].as_str().unwrap().contains("duration"), "{d}");
+}
+
+/// `/v1/decide`, the old name of `/v1/enforce`, still answers as it does,
+/// on the same counts: clients written against it keep working.
+#[tokio::test]
+async fn the_old_name_of_enforce_answers_as_enforce_on_the_same_counts() {
+    // A burst of one on a stopped clock: whichever name a key's first
+    // request uses takes its only token, and the other name is denied.
+    let s = state(None);
+    for (ip, first, then) in [
+        ("192.0.2.77", "/v1/enforce", "/v1/decide"),
+        ("192.0.2.78", "/v1/decide", "/v1/enforce"),
+    ] {
+        let event = format!(r#"{{"ip": "{ip}", "path": "/"}}"#);
+        let (status, _, d) = call(&s, "POST", first, event.clone(), None).await;
+        assert_eq!(
+            (status, &d["rule"]),
+            (200, &"per-ip".into()),
+            "{first}: {d}"
+        );
+        let (status, _, d) = call(&s, "POST", then, event, None).await;
+        assert_eq!((status, &d["rule"]), (429, &"per-ip".into()), "{then}: {d}");
+        assert_eq!(d["remaining"], 0, "{d}");
+    }
 }
 
 /// An error names what was wrong with a call, but quotes at most a short
@@ -1175,7 +1199,7 @@ async fn an_error_quotes_only_a_bounded_prefix_of_what_the_client_sent() {
         );
     }
     let event = serde_json::json!({"headers": {"x-key": "k", "x-cost": format!("{digits}.0")}});
-    let (status, _, d) = call(&s, "POST", "/v1/decide", event.to_string(), None).await;
+    let (status, _, d) = call(&s, "POST", "/v1/enforce", event.to_string(), None).await;
     assert_eq!(status, 400, "{d}");
     let error = d["error"].as_str().unwrap();
     assert!(

@@ -140,7 +140,7 @@ async fn answers_made_without_the_store_say_so_and_are_counted() {
     // A request decision, with the header the middleware would set.
     let (status, body) = post(
         &client,
-        format!("{base}/v1/decide"),
+        format!("{base}/v1/enforce"),
         r#"{"ip": "192.0.2.1", "path": "/"}"#,
     )
     .await;

@@ -132,7 +132,7 @@ async fn replay<S: Store + 'static>(
             .with_context(|| format!("{events_name}:{n}"))?;
         match event {
             Event::Request(req, duration) => {
-                // `ip` is the peer, as for /v1/decide and the middleware.
+                // `ip` is the peer, as for /v1/enforce and the middleware.
                 let req = req.with_client_behind(replayer.trusted_proxies());
                 let verdict = replayer.request(&req, duration).await;
                 if let Some(r) = report.as_deref_mut() {

@@ -163,7 +163,10 @@ fn routes<C: Clock + Send + Sync + 'static>()
         ("/v1/release", post(release::<C>)),
         ("/v1/reset", post(reset::<C>)),
         ("/v1/value", get(value::<C>)),
-        ("/v1/decide", post(decide::<C>)),
+        ("/v1/enforce", post(enforce::<C>)),
+        // The old name of /v1/enforce, kept for the clients that use it
+        // and marked deprecated in the OpenAPI description.
+        ("/v1/decide", post(enforce::<C>)),
         (
             "/openapi.json",
             get(|| async { crate::openapi::response(crate::openapi::SERVE) }),
@@ -203,7 +206,7 @@ fn router<C: Clock + Send + Sync + 'static>(state: Arc<ServerState<C>>) -> Route
 mod access;
 mod answer;
 mod calls;
-mod decide;
+mod enforce;
 mod keys;
 mod leases;
 mod reading;
@@ -211,7 +214,7 @@ mod reading;
 use self::access::*;
 use self::answer::*;
 use self::calls::*;
-use self::decide::*;
+use self::enforce::*;
 use self::keys::*;
 use self::leases::*;
 use self::reading::*;

@@ -1,8 +1,9 @@
-//! `/v1/decide`: a request event run through the policy's rules.
+//! `/v1/enforce` (formerly `/v1/decide`, still answered there): a request
+//! event run through the policy's rules.
 
 use super::*;
 
-/// A request to decide, in the shape `sluice replay` reads.
+/// A request to run through the rules, in the shape `sluice replay` reads.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(super) struct Event {
@@ -31,7 +32,7 @@ pub(super) fn root() -> String {
 }
 
 #[derive(Debug, Serialize)]
-pub(super) struct DecideAnswer {
+pub(super) struct EnforceAnswer {
     allowed: bool,
     rule: Option<String>,
     limit: Option<f64>,
@@ -49,7 +50,7 @@ pub(super) struct DecideAnswer {
     headers: BTreeMap<String, String>,
 }
 
-pub(super) async fn decide<C: Clock + Send + Sync + 'static>(
+pub(super) async fn enforce<C: Clock + Send + Sync + 'static>(
     State(s): State<Arc<ServerState<C>>>,
     req: Request,
 ) -> Response {
@@ -74,10 +75,10 @@ pub(super) async fn decide<C: Clock + Send + Sync + 'static>(
     // concurrency rules are released right after it is decided (use /v1/acquire
     // and /v1/release, the middleware or the proxy to hold one).
     let _slots = s.enforcer.hold(&mut verdict);
-    decided(&verdict)
+    enforced(&verdict)
 }
 
-pub(super) fn decided(v: &Verdict) -> Response {
+pub(super) fn enforced(v: &Verdict) -> Response {
     let mut headers = BTreeMap::new();
     each_rate_limit_header(v, |name, value| {
         headers.insert(name.as_str().to_owned(), value.into());
@@ -93,7 +94,7 @@ pub(super) fn decided(v: &Verdict) -> Response {
         (problem.status(), Some(problem.detail().to_owned()))
     };
     let d = v.deciding();
-    let answer = DecideAnswer {
+    let answer = EnforceAnswer {
         allowed: v.allowed,
         rule: v
             .denied_by()
