@@ -222,7 +222,7 @@ pub(crate) fn elapsed(from: Nanos, to: Nanos) -> i64 {
     to.0.saturating_sub(from.0).max(0)
 }
 
-// Twin in sluice-redis's transact.lua: refill.
+// Twin in sluice-redis's Lua script: refill.
 #[inline]
 fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
     match state {
@@ -241,7 +241,7 @@ fn tb_refill(tb: &TokenBucket, state: Option<State>, now: Nanos) -> State {
 
 /// The start of the window containing `now`, for windows at
 /// `offset + k·period`.
-// Twin in sluice-redis's transact.lua: window_start.
+// Twin in sluice-redis's Lua script: window_start.
 #[inline]
 pub(crate) fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
     let k = (i128::from(now.0) - i128::from(offset)).div_euclid(i128::from(period));
@@ -249,7 +249,7 @@ pub(crate) fn window_start(now: Nanos, offset: i64, period: i64) -> Nanos {
     Nanos(i64::try_from(start).unwrap_or(now.0))
 }
 
-// Twin in sluice-redis's transact.lua: refill.
+// Twin in sluice-redis's Lua script: refill.
 #[inline]
 fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> State {
     if let Some(cal) = fw.calendar() {
@@ -273,7 +273,7 @@ fn fw_roll(fw: &FixedWindow, state: Option<State>, offset: i64, now: Nanos) -> S
 
 /// [`fw_roll`] on the calendar: `rate` for each boundary passed since the
 /// window of `ts`, and `ts` moved to the last one passed.
-// Twin in sluice-redis's transact.lua: refill.
+// Twin in sluice-redis's Lua script: refill.
 #[cold]
 fn calendar_roll(fw: &FixedWindow, cal: &Calendar, state: Option<State>, now: Nanos) -> State {
     let here = cal.index(now);
@@ -300,7 +300,7 @@ fn calendar_roll(fw: &FixedWindow, cal: &Calendar, state: Option<State>, now: Na
 /// The key's state brought to `now`: the bucket refilled, the window rolled
 /// over. A sliding algorithm is read as a fixed window (see the module's
 /// documentation).
-// Twin in sluice-redis's transact.lua: refill.
+// Twin in sluice-redis's Lua script: refill.
 // The bucket's few operations inline in every caller; the windows' division
 // and alignment out of line. Inlining them too costs the bucket's hot path
 // registers, and the bucket is the common case (instruction counts in
@@ -375,7 +375,7 @@ pub fn unspent(
 /// let owing = Some(State { tokens: -5.0, ts: Nanos(0) });
 /// assert_eq!(settle(&tb, owing, 0, Nanos(0), Settle::ChargeOnce(50.0)).tokens, -5.0);
 /// ```
-// Twin in sluice-redis's transact.lua: settle_op.
+// Twin in sluice-redis's Lua script: settle_op.
 pub fn settle(
     alg: &Algorithm,
     state: Option<State>,
@@ -421,7 +421,7 @@ pub fn current(alg: &Algorithm, state: Option<State>, offset: i64, now: Nanos) -
 /// let s = State { tokens: 9.0, ts: Nanos(0) };
 /// assert_eq!(full_at(&tb, &s), Nanos(500_000_000));
 /// ```
-// Twin in sluice-redis's transact.lua: full_after.
+// Twin in sluice-redis's Lua script: full_after.
 #[inline]
 pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
     let missing = alg.capacity() - state.tokens;
@@ -459,7 +459,7 @@ pub fn full_at(alg: &Algorithm, state: &State) -> Nanos {
 /// assert!(back.tokens <= 6.0 && back.tokens > 5.999);
 /// assert_eq!(emptiest_full_by(&tb, full_at(&tb, &s), 0, Nanos(3_000_000_000)), None);
 /// ```
-// Twin in sluice-redis's transact.lua: flat_ghost.
+// Twin in sluice-redis's Lua script: flat_ghost.
 pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos) -> Option<State> {
     if full_at <= now {
         return None;
@@ -485,7 +485,7 @@ pub fn emptiest_full_by(alg: &Algorithm, full_at: Nanos, offset: i64, now: Nanos
 
 /// The fewest tokens at `now` of any key that is full by `full_at`, on any
 /// window alignment.
-// Twin in sluice-redis's transact.lua: flat_ghost.
+// Twin in sluice-redis's Lua script: flat_ghost.
 fn least_tokens(alg: &Algorithm, full_at: Nanos, now: Nanos) -> f64 {
     let span = full_at.0.saturating_sub(now.0).max(0);
     match alg {

@@ -68,14 +68,14 @@ impl Leases {
     /// The time the key is read at for a call at `now`: never before its
     /// newest lease, so that a clock that steps back sees no lease expire
     /// early, and leases stay in order.
-    // Twin in sluice-redis's transact.lua: read_at.
+    // Twin in sluice-redis's Lua script: read_at.
     #[inline]
     fn at(&self, now: Nanos) -> i64 {
         self.leases.back().map_or(now.0, |l| l.t.max(now.0))
     }
 
     /// How many leases, oldest first, have expired by `at`.
-    // Twin in sluice-redis's transact.lua: expired.
+    // Twin in sluice-redis's Lua script: expired.
     #[inline]
     fn expired(&self, c: &Concurrency, at: i64) -> usize {
         let cutoff = at.saturating_sub(c.lease().0);
@@ -95,7 +95,7 @@ impl Leases {
     /// let r = key.read(&c, Nanos(4), 0.0, 1.0);
     /// assert_eq!((r.used, r.frees_at, r.newest), (2.0, Nanos(1), Some(Nanos(1))));
     /// ```
-    // Twin in sluice-redis's transact.lua: lease_read, walk, walk_back.
+    // Twin in sluice-redis's Lua script: lease_read, walk, walk_back.
     pub fn read(&self, c: &Concurrency, now: Nanos, pending: f64, slots: f64) -> LogReading {
         let at = self.at(now);
         let gone = self.expired(c, at);
@@ -143,7 +143,7 @@ impl Leases {
 
     /// The slots held by the leases from index `gone` on: the total less
     /// those before it, or those after it, whichever are fewer to add up.
-    // Twin in sluice-redis's transact.lua: held_after.
+    // Twin in sluice-redis's Lua script: held_after.
     fn held_after(&self, gone: usize) -> f64 {
         if gone == 0 {
             self.held
@@ -165,7 +165,7 @@ impl Leases {
     /// Takes `slots` under lease `id` at `now` (at the newest lease's time,
     /// if the clock stepped back), after dropping the leases that have
     /// expired. A call of 0 slots takes no lease.
-    // Twin in sluice-redis's transact.lua: lease_acquire.
+    // Twin in sluice-redis's Lua script: lease_acquire.
     pub fn acquire(&mut self, c: &Concurrency, now: Nanos, slots: f64, id: u64) {
         let at = self.at(now);
         self.expire(c, at);
@@ -181,7 +181,7 @@ impl Leases {
     /// Gives back the slots of lease `id`, after dropping the leases that
     /// have expired; returns whether it was still held. Releasing a lease
     /// that is unknown, expired or already released changes nothing.
-    // Twin in sluice-redis's transact.lua: lease_release.
+    // Twin in sluice-redis's Lua script: lease_release.
     pub fn release(&mut self, c: &Concurrency, now: Nanos, id: u64) -> bool {
         let at = self.at(now);
         self.expire(c, at);
@@ -196,7 +196,7 @@ impl Leases {
         }
     }
 
-    // Twin in sluice-redis's transact.lua: lease_expire.
+    // Twin in sluice-redis's Lua script: lease_expire.
     fn expire(&mut self, c: &Concurrency, at: i64) {
         let gone = self.expired(c, at);
         if gone == 0 {
@@ -257,7 +257,7 @@ impl Leases {
     /// time has come: every slot, under one lease taken a lease before
     /// `empty_at` (or at `now`, if that is earlier), which no id can
     /// release. A store that forgot a key brings it back as this.
-    // Twin in sluice-redis's transact.lua: leases_of.
+    // Twin in sluice-redis's Lua script: leases_of.
     pub fn emptiest(c: &Concurrency, empty_at: Nanos, now: Nanos) -> Option<Leases> {
         if empty_at <= now {
             return None;

@@ -61,7 +61,7 @@ pub struct WindowEval {
 /// after two. A key never seen starts in the window of `now` on its
 /// alignment (`start`, else `offset`). A clock that steps back moves
 /// nothing.
-// Twin in sluice-redis's transact.lua: roll.
+// Twin in sluice-redis's Lua script: roll.
 #[inline]
 fn roll(sw: &SlidingWindow, state: Option<WindowState>, offset: i64, now: Nanos) -> WindowState {
     let p = sw.period().0;
@@ -89,7 +89,7 @@ fn roll(sw: &SlidingWindow, state: Option<WindowState>, offset: i64, now: Nanos)
 
 /// The previous window's count weighted by the share of it that still
 /// lies within the last period at `now`: `prev · (period − e) / period`.
-// Twin in sluice-redis's transact.lua: weighted.
+// Twin in sluice-redis's Lua script: weighted.
 #[inline]
 fn weighted(sw: &SlidingWindow, s: &WindowState, now: Nanos) -> f64 {
     let p = sw.period().0;
@@ -118,7 +118,7 @@ fn weighted(sw: &SlidingWindow, s: &WindowState, now: Nanos) -> f64 {
 /// // Until 8 × (1 − e/10) + 3 + 2 ≤ 10, that is e = 3.75 s.
 /// assert_eq!(d.retry_after, Some(1.25));
 /// ```
-// Twin in sluice-redis's transact.lua: window_state, sliding_op.
+// Twin in sluice-redis's Lua script: window_state, sliding_op.
 pub fn window_evaluate(
     sw: &SlidingWindow,
     state: Option<WindowState>,
@@ -204,7 +204,7 @@ pub fn window_current(
 /// let s = WindowState { ws: Nanos(8), cur: 1.0, prev: 0.0 };
 /// assert_eq!(window_empty_at(&sw, &s), Nanos(16));
 /// ```
-// Twin in sluice-redis's transact.lua: window_empty_at.
+// Twin in sluice-redis's Lua script: window_empty_at.
 #[inline]
 pub fn window_empty_at(sw: &SlidingWindow, s: &WindowState) -> Nanos {
     let p = sw.period().0;
@@ -234,7 +234,7 @@ pub fn window_empty_at(sw: &SlidingWindow, s: &WindowState) -> Nanos {
 /// assert!(window_empty_at(&sw, &s) >= Nanos(14));
 /// assert_eq!(window_emptiest(&sw, Nanos(14), 0, Nanos(14)), None);
 /// ```
-// Twin in sluice-redis's transact.lua: window_of.
+// Twin in sluice-redis's Lua script: window_of.
 pub fn window_emptiest(
     sw: &SlidingWindow,
     empty_at: Nanos,
@@ -307,7 +307,7 @@ impl LogReading {
     /// Decides a call of `cost` after `pending` tokens admitted at `at` by
     /// earlier operations of the same transaction; `frees_at` must have
     /// been read for the same call.
-    // Twin in sluice-redis's transact.lua: sliding_op.
+    // Twin in sluice-redis's Lua script: sliding_op.
     pub fn decide(&self, sl: &SlidingLog, pending: f64, cost: f64) -> Decision {
         let at = self.at.0;
         let used = if pending > 0.0 {
@@ -364,7 +364,7 @@ impl LogReading {
 /// let more = window_settle(&sw, s, 0, Nanos(12), Settle::Charge(20.0));
 /// assert_eq!(more.cur, 23.0);
 /// ```
-// Twin in sluice-redis's transact.lua: window_state, settle_op.
+// Twin in sluice-redis's Lua script: window_state, settle_op.
 pub fn window_settle(
     sw: &SlidingWindow,
     state: Option<WindowState>,
@@ -414,7 +414,7 @@ pub struct Log {
 }
 
 /// `a + b`, and whether that is exact (the rounding error of the sum is 0).
-// Twin in sluice-redis's transact.lua: add_exact.
+// Twin in sluice-redis's Lua script: add_exact.
 #[inline]
 fn add_exact(a: f64, b: f64) -> (f64, bool) {
     let s = a + b;
@@ -425,7 +425,7 @@ fn add_exact(a: f64, b: f64) -> (f64, bool) {
 
 /// The costs of `entries` summed oldest first, and whether every step was
 /// exact.
-// Twin in sluice-redis's transact.lua: sum_span.
+// Twin in sluice-redis's Lua script: sum_span.
 fn fold<'a>(entries: impl Iterator<Item = &'a Entry>) -> (f64, bool) {
     entries.fold((0.0, true), |(sum, exact), e| {
         let (s, ok) = add_exact(sum, e.cost);
@@ -463,7 +463,7 @@ impl Log {
     /// The time the log is evaluated at for a call at `now`: never before
     /// its newest entry, so that a clock that steps back sees no entry
     /// leave, and entries stay in order.
-    // Twin in sluice-redis's transact.lua: read_at.
+    // Twin in sluice-redis's Lua script: read_at.
     #[inline]
     fn at(&self, now: Nanos) -> i64 {
         self.entries.back().map_or(now.0, |e| e.t.max(now.0))
@@ -471,7 +471,7 @@ impl Log {
 
     /// How many entries, from the oldest, have left the window that ends
     /// at `now` (those logged at or before `now − period`).
-    // Twin in sluice-redis's transact.lua: expired.
+    // Twin in sluice-redis's Lua script: expired.
     #[inline]
     fn expired(&self, sl: &SlidingLog, now: i64) -> usize {
         let cutoff = now.saturating_sub(sl.period().0);
@@ -480,7 +480,7 @@ impl Log {
 
     /// The sum of the costs of the entries from index `live` on, and
     /// whether it is exact.
-    // Twin in sluice-redis's transact.lua: sum_from.
+    // Twin in sluice-redis's Lua script: sum_from.
     fn sum_from(&self, live: usize) -> (f64, bool) {
         if live == 0 {
             return (self.used, !self.inexact);
@@ -541,7 +541,7 @@ impl Log {
     /// // 2 fit once the entry of 2 tokens has left, at 2 + 10.
     /// assert_eq!(r.frees_at, Nanos(2));
     /// ```
-    // Twin in sluice-redis's transact.lua: log_read.
+    // Twin in sluice-redis's Lua script: log_read.
     pub fn read(&self, sl: &SlidingLog, now: Nanos, pending: f64, cost: f64) -> LogReading {
         let at = self.at(now);
         let live = self.expired(sl, at);
@@ -563,7 +563,7 @@ impl Log {
     /// The time of the entry whose leaving lets `cost` in, if nothing else
     /// is admitted meanwhile: the entries leave oldest first, `pending`
     /// (logged at `now`) last.
-    // Twin in sluice-redis's transact.lua: walk, log_read.
+    // Twin in sluice-redis's Lua script: walk, log_read.
     fn frees_at(
         &self,
         sl: &SlidingLog,
@@ -611,7 +611,7 @@ impl Log {
     /// log.commit(&sl, Nanos(12), 2.0);
     /// assert_eq!(log.entries().collect::<Vec<_>>(), [(Nanos(3), 1.0), (Nanos(12), 2.0)]);
     /// ```
-    // Twin in sluice-redis's transact.lua: log_commit.
+    // Twin in sluice-redis's Lua script: log_commit.
     pub fn commit(&mut self, sl: &SlidingLog, now: Nanos, cost: f64) {
         let now = self.at(now);
         self.expire(sl, now);
@@ -658,7 +658,7 @@ impl Log {
     /// log.settle(&sl, Nanos(5), Settle::Charge(9.0));
     /// assert_eq!(log.current(&sl, Nanos(5)).tokens, -5.0);
     /// ```
-    // Twin in sluice-redis's transact.lua: log_refund, settle_op.
+    // Twin in sluice-redis's Lua script: log_refund, settle_op.
     pub fn settle(&mut self, sl: &SlidingLog, now: Nanos, change: Settle) {
         let n = match change {
             Settle::ChargeOnce(_) if self.current(sl, now).tokens < 0.0 => return,
@@ -686,7 +686,7 @@ impl Log {
     }
 
     /// Drops the entries that have left the window ending at `now`.
-    // Twin in sluice-redis's transact.lua: log_commit, log_refund.
+    // Twin in sluice-redis's Lua script: log_commit, log_refund.
     fn expire(&mut self, sl: &SlidingLog, now: i64) {
         let gone = self.expired(sl, now);
         if gone == 0 {
@@ -782,7 +782,7 @@ impl Log {
     /// assert_eq!(log.entries().collect::<Vec<_>>(), [(Nanos(3), 5.0)]);
     /// assert_eq!(Log::emptiest(&sl, Nanos(13), Nanos(13)), None);
     /// ```
-    // Twin in sluice-redis's transact.lua: log_of.
+    // Twin in sluice-redis's Lua script: log_of.
     pub fn emptiest(sl: &SlidingLog, empty_at: Nanos, now: Nanos) -> Option<Log> {
         if empty_at <= now {
             return None;

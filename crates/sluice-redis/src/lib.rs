@@ -36,4 +36,6 @@ mod seen;
 mod store;
 
 pub use config::{RedisConfig, RedisConfigError, mask_password};
+#[doc(hidden)]
+pub use script::LUA_FILES;
 pub use store::{NewError, RedisStats, RedisStore};

@@ -25,8 +25,50 @@ use smallvec::SmallVec;
 use crate::keys;
 use crate::seen::SeenState;
 
-static SCRIPT: LazyLock<redis::Script> =
-    LazyLock::new(|| redis::Script::new(include_str!("lua/transact.lua")));
+/// Names the script's files once, in the order they are joined: the script
+/// is their text with a blank line between each (the join's, so that no
+/// file ends in one). Lua sees a local only after its definition, so the
+/// files come in the order of their definitions.
+macro_rules! lua_files {
+    ($first:literal $(, $rest:literal)* $(,)?) => {
+        /// The files of the Lua script, in `src/lua`, in the order they are
+        /// joined. Not an API: `tests/lua_mirror.rs` reads the twins in them.
+        #[doc(hidden)]
+        pub const LUA_FILES: &[&str] = &[$first $(, $rest)*];
+
+        /// The Lua script.
+        const LUA_SOURCE: &str = concat!(
+            include_str!(concat!("lua/", $first))
+            $(, "\n", include_str!(concat!("lua/", $rest)))*
+        );
+    };
+}
+
+lua_files!(
+    // What the script does, its arguments and its reply; the arguments
+    // decoded, and every key's state read.
+    "decode.lua",
+    // Token buckets, fixed and calendar windows (algorithm.rs), a key that
+    // changed kind brought back, and the reply's buffer.
+    "algorithm.lua",
+    // Sliding windows (sliding.rs).
+    "sliding_window.lua",
+    // Sliding logs (sliding.rs's Log), and the records that a log and a
+    // key's leases are made of.
+    "sliding_log.lua",
+    // An op on a sliding limit (a window, a log or concurrency) decided.
+    "sliding_op.lua",
+    // A transaction's pending writes and what a key holds for it; then
+    // settling and concurrency's leases (concurrency.rs), made on the first
+    // op that needs them.
+    "rare.lua",
+    // The batch decided, op by op.
+    "batch.lua",
+    // Each key written once, with its TTL; the reply.
+    "write.lua",
+);
+
+static SCRIPT: LazyLock<redis::Script> = LazyLock::new(|| redis::Script::new(LUA_SOURCE));
 
 /// The shared script handle: its hash for EVALSHA, its source for reloading
 /// it after NOSCRIPT.

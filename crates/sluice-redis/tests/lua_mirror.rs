@@ -1,4 +1,5 @@
-//! The Lua mirror (issue 40): `src/lua/transact.lua` restates sluice-core's
+//! The Lua mirror (issue 40): the Lua script, in `src/lua` (its files are
+//! `sluice_redis::LUA_FILES`), restates sluice-core's
 //! algorithms operation by operation, so that Redis computes the same states
 //! bit for bit. `src/lua/mirror.txt` pairs each restated Rust function with
 //! its Lua twins and records a digest of each side's source; these tests
@@ -20,7 +21,7 @@ const BLESS: &str = "SLUICE_BLESS_MIRROR";
 const RECORD: &str = "SLUICE_BLESS_MIRROR=1 cargo test -p sluice-redis --test lua_mirror";
 /// A digest that was never recorded.
 const UNRECORDED: &str = "-";
-const RUST_TWIN: &str = "// Twin in sluice-redis's transact.lua: ";
+const RUST_TWIN: &str = "// Twin in sluice-redis's Lua script: ";
 const LUA_TWIN: &str = "-- twin of ";
 
 fn crate_file(path: &str) -> PathBuf {
@@ -403,18 +404,55 @@ fn rust_function(file: &syn::File, name: &str) -> Result<Function, usize> {
 
 // ---- both sides, as the table names them ----
 
+/// A file of the Lua script: its name in src/lua, and its text.
+struct LuaFile {
+    name: &'static str,
+    text: String,
+}
+
+/// A `local function` of the Lua script, and the file it is in.
+struct LuaFunction {
+    file: &'static str,
+    function: Function,
+}
+
+impl LuaFunction {
+    /// Where it is, as `file:line`.
+    fn at(&self) -> String {
+        format!("{}:{}", self.file, self.function.line)
+    }
+}
+
 /// The sources the table points into, read once.
 struct Sources {
-    lua_text: String,
-    lua: BTreeMap<String, Vec<Function>>,
+    lua_files: Vec<LuaFile>,
+    /// Every `local function` of the script's files, by name.
+    lua: BTreeMap<String, Vec<LuaFunction>>,
     /// By file name: the text and the parsed file.
     rust: BTreeMap<String, (String, syn::File)>,
 }
 
 impl Sources {
     fn read(rows: &[Row]) -> Sources {
-        let lua_text = read(&crate_file("src/lua/transact.lua"));
-        let lua = lua_functions(&lua_text).unwrap_or_else(|e| panic!("transact.lua: {e}"));
+        let lua_files: Vec<LuaFile> = sluice_redis::LUA_FILES
+            .iter()
+            .map(|&name| LuaFile {
+                name,
+                text: read(&crate_file(&format!("src/lua/{name}"))),
+            })
+            .collect();
+        let mut lua: BTreeMap<String, Vec<LuaFunction>> = BTreeMap::new();
+        for file in &lua_files {
+            let found = lua_functions(&file.text).unwrap_or_else(|e| panic!("{}: {e}", file.name));
+            for (name, functions) in found {
+                lua.entry(name)
+                    .or_default()
+                    .extend(functions.into_iter().map(|function| LuaFunction {
+                        file: file.name,
+                        function,
+                    }));
+            }
+        }
         let mut rust = BTreeMap::new();
         for row in rows {
             rust.entry(row.file.clone()).or_insert_with(|| {
@@ -424,7 +462,7 @@ impl Sources {
             });
         }
         Sources {
-            lua_text,
+            lua_files,
             lua,
             rust,
         }
@@ -434,14 +472,14 @@ impl Sources {
         let (_, parsed) = &self.rust[&row.file];
         rust_function(parsed, &row.rust).map_err(|n| match n {
             0 => format!(
-                "{} has no function {}, which mirror.txt lists as the Rust twin of transact.lua \
+                "{} has no function {}, which mirror.txt lists as the Rust twin of the Lua \
                  {}: if it was renamed or moved, update mirror.txt and the twin comments in both files",
                 row.file,
                 row.rust,
                 row.lua_list()
             ),
             n => format!(
-                "{} has {n} functions {}: mirror.txt cannot tell which one transact.lua {} restates",
+                "{} has {n} functions {}: mirror.txt cannot tell which one the Lua {} restates",
                 row.file,
                 row.rust,
                 row.lua_list()
@@ -451,18 +489,18 @@ impl Sources {
 
     fn lua_one(&self, name: &str, row: &Row) -> Result<&Function, String> {
         match self.lua.get(name).map(Vec::as_slice) {
-            Some([f]) => Ok(f),
+            Some([f]) => Ok(&f.function),
             None | Some([]) => Err(format!(
-                "transact.lua has no `local function {name}`, which mirror.txt lists as a Lua twin of \
+                "the Lua script has no `local function {name}`, which mirror.txt lists as a Lua twin of \
                  {} {}: if it was renamed or moved, update mirror.txt and the twin comments in both files",
                 row.file, row.rust
             )),
             Some(several) => Err(format!(
-                "transact.lua defines `local function {name}` {} times (lines {}): a twin must be one function",
+                "the Lua script defines `local function {name}` {} times ({}): a twin must be one function",
                 several.len(),
                 several
                     .iter()
-                    .map(|f| f.line.to_string())
+                    .map(LuaFunction::at)
                     .collect::<Vec<_>>()
                     .join(", ")
             )),
@@ -506,7 +544,7 @@ fn drift(row: &Row, rust_digest: &str, lua_digest: &str) -> Option<String> {
              with {RECORD}"
         )),
         (false, true) => Some(format!(
-            "transact.lua {lua} changed but its Rust twin {file} {rust} did not: make the same change \
+            "the Lua {twins} {lua} changed but its Rust twin {file} {rust} did not: make the same change \
              in {rust} (or, if the change cannot matter to {rust}, say why in the commit) and then \
              re-record with {RECORD}"
         )),
@@ -555,7 +593,11 @@ fn a_lua_twin_and_its_rust_function_change_together_or_the_mirror_says_which_cha
 fn every_twin_in_the_mirror_exists_and_names_its_other_half_in_a_comment() {
     let rows = rows(&parse_table(&read(&table_path())));
     let sources = Sources::read(&rows);
-    let lua_lines: Vec<&str> = sources.lua_text.lines().collect();
+    let lua_lines: BTreeMap<&str, Vec<&str>> = sources
+        .lua_files
+        .iter()
+        .map(|f| (f.name, f.text.lines().collect()))
+        .collect();
     let mut problems = Vec::new();
 
     let mut keys = BTreeSet::new();
@@ -600,7 +642,7 @@ fn every_twin_in_the_mirror_exists_and_names_its_other_half_in_a_comment() {
     }
 
     // Each Lua twin's comment names exactly the rows that list it.
-    let mut attached = 0;
+    let mut attached: BTreeMap<&str, usize> = BTreeMap::new();
     for (name, functions) in &sources.lua {
         let want: BTreeSet<(String, String)> = rows
             .iter()
@@ -608,11 +650,12 @@ fn every_twin_in_the_mirror_exists_and_names_its_other_half_in_a_comment() {
             .map(|r| (r.file.clone(), r.rust.clone()))
             .collect();
         for f in functions {
-            let comments: Vec<&str> = lines_above(&lua_lines, f.line, is_lua_comment)
-                .into_iter()
-                .filter(|l| l.starts_with(LUA_TWIN))
-                .collect();
-            attached += comments.len();
+            let comments: Vec<&str> =
+                lines_above(&lua_lines[f.file], f.function.line, is_lua_comment)
+                    .into_iter()
+                    .filter(|l| l.starts_with(LUA_TWIN))
+                    .collect();
+            *attached.entry(f.file).or_default() += comments.len();
             let claims: BTreeSet<(String, String)> =
                 comments.iter().flat_map(|c| lua_claims(c)).collect();
             if claims != want {
@@ -623,9 +666,9 @@ fn every_twin_in_the_mirror_exists_and_names_its_other_half_in_a_comment() {
                         .join(", ")
                 };
                 problems.push(format!(
-                    "transact.lua {name} (line {}) says it is the twin of [{}] but mirror.txt lists it for \
-                     [{}]: one line `{LUA_TWIN}<file> <function>, ...; <file> ...` above it, as the table says",
-                    f.line,
+                    "{name} ({}) says it is the twin of [{}] but mirror.txt lists it for [{}]: one line \
+                     `{LUA_TWIN}<file> <function>, ...; <file> ...` above it, as the table says",
+                    f.at(),
                     show(&claims),
                     show(&want)
                 ));
@@ -639,21 +682,46 @@ fn every_twin_in_the_mirror_exists_and_names_its_other_half_in_a_comment() {
             }
         }
     }
-    let all = lua_lines
-        .iter()
-        .filter(|l| l.trim().starts_with(LUA_TWIN))
-        .count();
-    if all != attached {
-        problems.push(format!(
-            "transact.lua has {} twin comments that stand above no `local function`",
-            all - attached
-        ));
+    for (file, lines) in &lua_lines {
+        let all = lines
+            .iter()
+            .filter(|l| l.trim().starts_with(LUA_TWIN))
+            .count();
+        let attached = attached.get(file).copied().unwrap_or(0);
+        if all != attached {
+            problems.push(format!(
+                "{file} has {} twin comments that stand above no `local function`",
+                all - attached
+            ));
+        }
     }
 
     assert!(
         problems.is_empty(),
         "the Lua mirror's twins:\n- {}",
         problems.join("\n- ")
+    );
+}
+
+#[test]
+fn every_lua_file_beside_the_script_is_one_of_its_files_and_named_once() {
+    let dir = crate_file("src/lua");
+    let mut on_disk: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|name| name.ends_with(".lua"))
+        .collect();
+    on_disk.sort();
+    let mut listed: Vec<String> = sluice_redis::LUA_FILES
+        .iter()
+        .map(|&name| name.to_owned())
+        .collect();
+    listed.sort();
+    // A file left out of the list would not be in the script, nor would
+    // this mirror read its twins.
+    assert_eq!(
+        on_disk, listed,
+        "src/lua's .lua files against sluice-redis's LUA_FILES (script.rs)"
     );
 }
 
@@ -728,7 +796,7 @@ fn a_change_on_one_side_names_that_side_and_the_twin_to_change() {
     let lua = drift(&row, "r", "l2").unwrap();
     assert!(
         lua.starts_with(
-            "transact.lua refill changed but its Rust twin algorithm.rs fw_roll did not"
+            "the Lua twin refill changed but its Rust twin algorithm.rs fw_roll did not"
         ),
         "{lua}"
     );
