@@ -34,9 +34,13 @@ impl Drop for Process {
 }
 
 impl Process {
-    /// Sends SIGTERM and waits, up to `within`, for a clean exit.
+    /// Sends SIGTERM and waits, up to `within`, for a clean exit; a failure
+    /// shows what the process wrote to its stderr.
     #[cfg(unix)]
     pub(crate) async fn terminate(&mut self, within: Duration) {
+        // Opened while the process lives: its stderr is an unnamed file
+        // (see `sluice_through`), reachable only through the process.
+        let log = std::fs::File::open(format!("/proc/{}/fd/2", self.0.id())).ok();
         signal(self, "TERM");
         let deadline = Instant::now() + within;
         let status = loop {
@@ -46,8 +50,19 @@ impl Process {
             assert!(Instant::now() < deadline, "the process ignored SIGTERM");
             tokio::time::sleep(Duration::from_millis(25)).await;
         };
-        assert!(status.success(), "{status:?}");
+        assert!(status.success(), "{status:?}; it wrote:\n{}", written(log));
     }
+}
+
+/// What a process wrote to `log`, its stderr, from the start.
+fn written(log: Option<std::fs::File>) -> String {
+    use std::io::{Read, Seek};
+    let mut text = String::new();
+    if let Some(mut file) = log {
+        let _ = file.rewind();
+        let _ = file.read_to_string(&mut text);
+    }
+    text
 }
 
 /// Sends the signal `name` (`HUP`, `TERM`…) to `process`.
@@ -61,7 +76,8 @@ pub(crate) fn signal(process: &Process, name: &str) {
 }
 
 /// The `sluice` binary as the tests run it: logging warnings only, its
-/// output discarded.
+/// output discarded and its stderr kept in an unnamed temporary file, for
+/// [`Process::terminate`] to show when the process fails.
 pub(crate) fn sluice() -> Command {
     sluice_through(&[])
 }
@@ -80,7 +96,7 @@ pub(crate) fn sluice_through(wrapper: &[String]) -> Command {
     command
         .env("RUST_LOG", "warn")
         .stdout(Stdio::null())
-        .stderr(Stdio::null());
+        .stderr(tempfile::tempfile().map_or_else(|_| Stdio::null(), Stdio::from));
     command
 }
 
