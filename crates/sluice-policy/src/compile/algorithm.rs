@@ -13,6 +13,7 @@ use super::fields::{MIN_PERIOD, non_negative, one_of, positive, whole_micros};
 use super::rate::{Rate, rated};
 use crate::error::{Invalid, Pos, at};
 use crate::schema::{AlgorithmKind, Num, RawConfig};
+use crate::secs::Secs;
 
 /// The most shards a limit may be split into. A shard is a key of its own
 /// in the store, and a value or a reset visits every one.
@@ -210,13 +211,7 @@ fn fixed_window(
         capacity = CapacitySource::given("capacity", v);
     }
     if let Some(s) = &c.start {
-        if s.value.0.0 < 0 {
-            return Err(at(s, "`start` must not be negative"));
-        }
-        if s.value.0.0 % 1_000 != 0 {
-            return Err(at(s, whole_micros("start")));
-        }
-        fw = fw.with_start(s.value.0);
+        fw = fw.with_start(window_alignment(s)?);
     }
     if let Some(m) = &c.max_reserved {
         fw = fw
@@ -224,6 +219,17 @@ fn fixed_window(
             .map_err(|e| at(m, e))?;
     }
     Ok((fw.into(), capacity))
+}
+
+/// A window's alignment, its `start`: fixed and sliding windows read it alike.
+fn window_alignment(s: &Spanned<Secs>) -> Result<Nanos, Invalid> {
+    if s.value.0.0 < 0 {
+        return Err(at(s, "`start` must not be negative"));
+    }
+    if s.value.0.0 % 1_000 != 0 {
+        return Err(at(s, whole_micros("start")));
+    }
+    Ok(s.value.0)
 }
 
 /// Refuses what a sliding algorithm has no use for: it admits at most its
@@ -263,13 +269,7 @@ fn sliding_window(c: &RawConfig, rate: &Rate) -> Result<(Algorithm, CapacitySour
     let mut sw =
         SlidingWindow::per_period(rate.tokens, rate.period).map_err(|e| at(rate.pos, e))?;
     if let Some(s) = &c.start {
-        if s.value.0.0 < 0 {
-            return Err(at(s, "`start` must not be negative"));
-        }
-        if s.value.0.0 % 1_000 != 0 {
-            return Err(at(s, whole_micros("start")));
-        }
-        sw = sw.with_start(s.value.0);
+        sw = sw.with_start(window_alignment(s)?);
     }
     Ok((sw.into(), rate_as_capacity(rate)))
 }
