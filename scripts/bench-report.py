@@ -859,8 +859,10 @@ header map for RLS and the decision API.
   key at someone else's bucket.
 - **Redis** (`scripts/redis-instructions`, redis-server's instructions per
   decision on *mixed* traffic): the naive script about 68,000; Sluice's
-  token bucket about 33,000 (batches of about 20 decisions a script call),
-  its sliding window about 51,500 and its sliding log about 56,700. Of
+  token bucket about 33,700 (batches of about 20 decisions a script call),
+  its sliding window about 53,300 and its sliding log about 68,600 (at
+  commit `2724aa6` about 55,500: the log's count rose before issue 40,
+  in the commits that bounded fat keys; not bisected further). Of
   the token bucket's, the one `SET ... PX` an admitted decision needs
   costs about 7,000 through Lua's `redis.call`; the sliding log rewrites
   its whole value on every admission.

@@ -34,8 +34,9 @@ local function window_empty_at(l, ws, cur, prev)
 end
 
 -- Sliding window states: wgot[k] is nil before the key is decoded, false
--- for no state, true for the state in wcur, wws, wprev.
-local wgot, wcur, wws, wprev = {}, {}, {}, {}
+-- for no state, true for the state in wcur, wws, wprev; wempty[k] is when
+-- a committed state has counted nothing any more, for its TTL.
+local wgot, wcur, wws, wprev, wempty = {}, {}, {}, {}, {}
 -- Key k's window state, decoded once. A key of another kind comes back as
 -- window_emptiest makes it: the whole rate counted in the window two
 -- periods before the first boundary at or after the end.
@@ -62,10 +63,13 @@ local function window_of(k, l, origin)
   return false
 end
 
+-- The empty instant is kept for the write: a Lua call costs about as many
+-- of Redis's instructions as this body (scripts/redis-instructions).
 local function window_commit(k, l, ws, cur, prev)
-  local got = window_empty_at(l, ws, cur, prev) > now
+  local empty_at = window_empty_at(l, ws, cur, prev)
+  local got = empty_at > now
   wgot[k] = got
-  if got then wcur[k], wws[k], wprev[k] = cur, ws, prev end
+  if got then wcur[k], wws[k], wprev[k], wempty[k] = cur, ws, prev, empty_at end
   wlim[k] = l
 end
 
