@@ -578,6 +578,20 @@ stripe's lock, which also builds the full answer (remaining, reset, retry
 time) that governor's yes or no does not carry. At 1M keys governor's
 second miss, its copy of the key, comes back and Sluice stays ahead.
 
+The uncontended 1-key cases fell below 1.0 between commit `2724aa6`
+(2026-11-27) and commit `c6ce31a`, which brought the fat-key bounds, the
+PostgreSQL store's states and calendar windows. Each case alone
+(`SLUICE_PAIRED_ONLY=CASE`) in fresh processes of the paired benchmark
+built at each commit, the commits taking turns, six processes each,
+process medians: every key allowed 0.94–0.98 at `2724aa6`, 0.81–0.86 at
+`c6ce31a` and 0.76–0.84 at `e65ea3d`; denied 0.98–1.05, 0.84–0.91 and
+0.80–0.86. Instructions a decision (`scripts/keyed-instructions`) went
+from 409 to 453 to 438 with every key allowed, where governor's stayed
+near 400; the times fell further than the counts, which is not explained
+yet. `Pending::decision`, the answer built after the compare-and-swap,
+had stopped being inlined once calendar windows grew its fixed-window
+half; inlining it again took 18 instructions off but no time measurably.
+
 Commit `45bedd2` cut that work (`scripts/keyed-instructions`, against
 commit `2867e69`): a held decision from 929 instructions to 575, a denied
 one from 711 to 575 and a 1-key one from 469 to 409, with the bucket's
