@@ -15,7 +15,7 @@ use axum::routing::{MethodRouter, get};
 use sluice_core::{Clock, SystemClock};
 use sluice_engine::Enforcer;
 
-use crate::base::{AnyStore, Metrics, metrics_page, readiness};
+use crate::base::{AnyStore, Metrics, Reloads, metrics_page, readiness};
 use crate::dashboard::{self, Dashboard};
 
 /// A running server's state: the policy and the store, the tokens that
@@ -38,6 +38,34 @@ pub struct ServerState<C = SystemClock> {
     pub reload_error: ArcSwapOption<String>,
     /// The live dashboard (`/ui`, `/v1/stats`); `None` answers them 404.
     pub dashboard: Option<Arc<Dashboard>>,
+}
+
+impl ServerState {
+    /// The state `serve` and `proxy` start from, once their policy is in
+    /// force on `enforcer`: it reports the first answer of the store the
+    /// log calls `store`, publishes the runtime's workers, and puts each
+    /// reload of the policy file into force. An empty token is none.
+    pub(crate) fn start(
+        enforcer: Arc<Enforcer<AnyStore>>,
+        store: String,
+        reloads: Reloads,
+        dashboard: Option<Arc<Dashboard>>,
+        (admin_token, api_token): (Option<String>, Option<String>),
+    ) -> Arc<Self> {
+        crate::base::report_first_answer(&enforcer, store);
+        let state = Arc::new(ServerState {
+            dashboard,
+            enforcer,
+            admin_token: admin_token.filter(|t| !t.is_empty()),
+            api_token: api_token.filter(|t| !t.is_empty()),
+            metrics: Metrics::global(),
+            reload_error: ArcSwapOption::empty(),
+        });
+        crate::base::publish_runtime();
+        let reloaded = Arc::clone(&state);
+        reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
+        state
+    }
 }
 
 /// The operations routes, on any router whose state is a

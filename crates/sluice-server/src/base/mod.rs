@@ -20,7 +20,7 @@ pub(crate) use store::report_first_answer;
 pub(crate) use access::{foreign_page, holds_token, is_address, is_json, not_json};
 pub(crate) use endpoints::{clip, metrics_page, problem, readiness, ready};
 pub(crate) use logs::init_logs;
-pub(crate) use reload::Loaded;
+pub(crate) use reload::{Loaded, Reloads};
 pub(crate) use signals::{Stop, shutdown_signal};
 
 /// The runtime a server runs on: as many worker threads as `threads` says.

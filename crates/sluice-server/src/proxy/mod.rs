@@ -60,7 +60,7 @@ use tower::{Layer, ServiceExt};
 pub use admin::paths as admin_paths;
 pub use upstream::{DEFAULT_BODY_TIMEOUT, DEFAULT_TIMEOUT, Upstream, UpstreamError};
 
-use crate::base::{Loaded, Metrics, Stop};
+use crate::base::{Loaded, Stop};
 use crate::dashboard::Dashboard;
 use crate::flags::{PolicyFile, StoreFlag, Threads};
 use crate::listen::{Limits, Listener};
@@ -129,23 +129,13 @@ pub fn run(mut args: ProxyArgs) -> anyhow::Result<()> {
     let loaded = Loaded::read(&args.policy.path)?;
     crate::base::block_on(&args.threads, async move {
         let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
-        // Installed before any listener publishes its metrics.
         let enforcer = Arc::new(enforcer);
-        crate::base::report_first_answer(&enforcer, store);
-        let status = Arc::new(ServerState {
-            // Sampled only when there is a listener to show it on.
-            dashboard: args
-                .admin
-                .map(|_| Dashboard::start(&enforcer, Some(args.policy.path.clone()))),
-            enforcer,
-            reload_error: arc_swap::ArcSwapOption::empty(),
-            metrics: Metrics::global(),
-            admin_token: args.admin_token.filter(|t| !t.is_empty()),
-            api_token: None,
-        });
-        crate::base::publish_runtime();
-        let reloaded = Arc::clone(&status);
-        reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
+        // Sampled only when there is a listener to show it on.
+        let dashboard = args
+            .admin
+            .map(|_| Dashboard::start(&enforcer, Some(args.policy.path.clone())));
+        let tokens = (args.admin_token, None);
+        let status = ServerState::start(enforcer, store, reloads, dashboard, tokens);
         let listener = crate::listen::bind(args.listen)
             .with_context(|| format!("cannot listen on {}", args.listen))?;
         let listener = Listener::new(listener, "proxy", &args.limits);

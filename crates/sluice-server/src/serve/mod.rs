@@ -91,26 +91,16 @@ pub fn run(mut args: ServeArgs) -> anyhow::Result<()> {
     crate::base::block_on(&args.threads, async move {
         let (enforcer, reloads, store) = loaded.enforce(&args.store)?;
         let enforcer = Arc::new(enforcer.with_max_inline_limits(args.max_inline_limits));
-        crate::base::report_first_answer(&enforcer, store);
         let policy_file = args.policy.as_ref().map(|f| f.path.clone());
-        let api_token = args.api_token.filter(|t| !t.is_empty());
-        if api_token.is_none() {
+        let dashboard = Dashboard::start(&enforcer, policy_file);
+        let tokens = (args.admin_token, args.api_token);
+        let state = ServerState::start(enforcer, store, reloads, Some(dashboard), tokens);
+        if state.api_token.is_none() {
             tracing::warn!(
                 "no --api-token: force, reserve, refunds and limits brought inline are open \
                  to any caller who can reach the decision API"
             );
         }
-        let state = Arc::new(ServerState {
-            dashboard: Some(Dashboard::start(&enforcer, policy_file)),
-            enforcer,
-            admin_token: args.admin_token.filter(|t| !t.is_empty()),
-            api_token,
-            metrics: Metrics::global(),
-            reload_error: arc_swap::ArcSwapOption::empty(),
-        });
-        crate::base::publish_runtime();
-        let reloaded = Arc::clone(&state);
-        reloads.spawn(move |change| change.apply(&reloaded.enforcer, &reloaded.reload_error));
         let listener = crate::listen::bind(args.http)
             .with_context(|| format!("cannot listen on {}", args.http))?;
         let grpc = crate::listen::bind(args.grpc)
