@@ -105,7 +105,7 @@ impl<C: Clock> MemoryStore<C> {
             .collect();
         let now = self.clock.now();
         for (op, &(fa, fb)) in ops.iter().zip(cands) {
-            for fp in [fa, fb] {
+            for fp in distinct(fa, fb) {
                 let i = self.lock_index(fp);
                 let g = locks.binary_search(&i).unwrap_or(0);
                 self.stripes[i]
@@ -133,7 +133,8 @@ impl<C: Clock> Locked<'_, C> {
         for (op, &(fa, fb)) in ops.iter().zip(cands) {
             let alg = *op.limit.shard_algorithm();
             let offset = algorithm::key_offset(&alg, op.key);
-            let (pa, pb) = (self.place(op, fa), self.place(op, fb));
+            let pa = self.place(op, fa);
+            let pb = if fb == fa { pa } else { self.place(op, fb) };
             let guards = &mut self.guards;
             let (place, decision, next) = match Kind::of(&alg) {
                 None => {
@@ -162,7 +163,7 @@ impl<C: Clock> Locked<'_, C> {
                     (place, ev.decision, ev.next.map(Write::Flat))
                 }
                 Some(kind) => {
-                    for p in [pa, pb] {
+                    for p in distinct(pa, pb) {
                         let stripe = &mut *guards[p.guard];
                         let delta = stripe.tables[p.table].restore(kind, p.fp, offset, now);
                         stripe.apply(delta);
@@ -282,4 +283,9 @@ fn sliding_pending(pending: &[(Place, Write)], place: Place) -> Option<Next> {
             (_, Write::Sliding(next)) => Some(next),
             (acc, Write::Flat(_)) => acc,
         })
+}
+
+/// A key's candidates, each once: one for a limit without hot-key shards.
+fn distinct<T: PartialEq + Copy>(a: T, b: T) -> impl Iterator<Item = T> {
+    std::iter::once(a).chain((b != a).then_some(b))
 }
