@@ -65,13 +65,12 @@ local function commit(k, t, ts, l)
   raw[k] = false
 end
 
--- When the state t at ts of a limit l key is full again, for its TTL: as
--- nanoseconds after ts, since a bucket's is no whole number of units. A
--- full state is deleted, so t is below the capacity.
+-- When the state t at ts of a limit l window key is full again, for its
+-- TTL: as nanoseconds after ts. A full state is deleted, so t is below the
+-- capacity. A token bucket's case is inline in the writes.
 -- twin of algorithm.rs full_at
 local function full_after(l, t, ts)
   local missing = p3[l] - t
-  if kind[l] == 1 then return missing * p2[l] / p1[l] end
   local w = missing / p1[l]
   local c = w - w % 1
   if c < w then c = c + 1 end

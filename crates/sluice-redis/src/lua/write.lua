@@ -60,8 +60,9 @@ for k = 1, nkeys do
     local t = tok[k]
     if t then
       local ts = tsv[k]
-      -- full_after, with a token bucket's case inline: the common write,
-      -- and a Lua call costs about as much as its body.
+      -- A token bucket's time to full (algorithm.rs full_at's first case)
+      -- is here and not in full_after: the common write, and a Lua call
+      -- costs about as much as its body.
       local span
       if kind[l] == 1 then
         span = (p3[l] - t) * p2[l] / p1[l]
