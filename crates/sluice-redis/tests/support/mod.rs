@@ -644,6 +644,9 @@ impl Drop for ReplyDropper {
     }
 }
 
+/// A keepalive's answer, as Redis sends it.
+const PONG: &[u8] = b"+PONG\r\n";
+
 /// Copies bytes both ways between `client` and `server` on two threads,
 /// dropping the connection instead of a script call's reply when armed.
 fn pump(
@@ -682,12 +685,26 @@ fn pump(
     thread::spawn(move || {
         let mut buf = [0u8; 16 * 1024];
         while let Ok(n @ 1..) = from_server.read(&mut buf) {
+            let mut chunk = &buf[..n];
             if doomed.load(SeqCst) {
+                // The store pings a connection that has been silent, and
+                // that answer can come back after the mark: it passes, and
+                // only what follows it is the script call's reply.
+                let mut pongs = 0;
+                while let Some(rest) = chunk.strip_prefix(PONG) {
+                    (chunk, pongs) = (rest, pongs + 1);
+                }
+                if to_client.write_all(&PONG.repeat(pongs)).is_err() {
+                    break;
+                }
+                if chunk.is_empty() {
+                    continue;
+                }
                 // Redis has answered the script call: it ran.
                 dropped.fetch_add(1, SeqCst);
                 break;
             }
-            if to_client.write_all(&buf[..n]).is_err() {
+            if to_client.write_all(chunk).is_err() {
                 break;
             }
         }
