@@ -26,9 +26,6 @@
 //! let enforcer = Enforcer::new(policy, MemoryStore::new());
 //! let req = RequestParts::new("GET", "/").with_ip([192, 0, 2, 1].into());
 //! let rt = tokio::runtime::Builder::new_current_thread().build().unwrap();
-//! // One snapshot of the policy for the whole decision, even if a reload
-//! // puts another in force meanwhile.
-//! let policy = enforcer.policy();
 //! assert!(rt.block_on(enforcer.enforce(&req)).allowed);
 //! assert_eq!(rt.block_on(enforcer.enforce(&req)).denied_by(), Some("per-ip"));
 //! ```
