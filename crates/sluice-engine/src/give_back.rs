@@ -39,9 +39,15 @@ pub(crate) fn giver<S: Store + 'static, T: Taken>(
         runtime.spawn(async move {
             for item in &items {
                 if let Err(e) = item.give_back(&*store).await {
-                    store_failed(&errors, &e, [(item.limit().name(), OnStoreError::Open)]);
+                    failed(&errors, &e, item);
                 }
             }
         });
     })
+}
+
+/// Counts and logs what the store could not give back: a lease's slots
+/// then come back when it expires, and reserved tokens stay spent.
+pub(crate) fn failed(errors: &StoreErrorLog, e: &StoreError, item: &impl Taken) {
+    store_failed(errors, e, [(item.limit().name(), OnStoreError::Open)]);
 }

@@ -3,10 +3,9 @@
 
 use std::sync::Arc;
 
-use sluice_core::{Limit, OnStoreError, Store, StoreError};
+use sluice_core::{Limit, Store, StoreError};
 
 use crate::give_back::{Giver, Taken};
-use crate::store_errors::{StoreErrorLog, store_failed};
 
 /// One lease an admitted request or call took on a concurrency limit: what
 /// to release when its work ends.
@@ -44,12 +43,6 @@ impl Taken for HeldLease {
 /// Releases leases in the background (see [`giver`](crate::give_back::giver)):
 /// a failed release is counted, and the lease then expires on its own.
 pub(crate) type Releaser = Giver<HeldLease>;
-
-/// Counts and logs a release the store could not make: its slots come
-/// back when the lease expires.
-pub(crate) fn failed_release(errors: &StoreErrorLog, e: &StoreError, held: &HeldLease) {
-    store_failed(errors, e, [(held.limit.name(), OnStoreError::Open)]);
-}
 
 /// Leases held on concurrency limits: dropping this releases them. It holds
 /// a request's slots while its work goes on, whether the work finished,

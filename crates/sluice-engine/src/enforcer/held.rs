@@ -5,7 +5,7 @@ use quanta::Instant;
 use sluice_core::{OnStoreError, Op, Settle, Store, StoreError};
 
 use super::Enforcer;
-use crate::leases::{HeldLease, HeldLeases, failed_release};
+use crate::leases::{HeldLease, HeldLeases};
 use crate::meters::StoreOp;
 use crate::reservation::{Reservation, Reserved};
 use crate::verdict::Verdict;
@@ -80,7 +80,7 @@ impl<S: Store + 'static> Enforcer<S> {
         let result = self.store.release(&held.limit, &held.key, held.lease).await;
         self.meters.timed(StoreOp::Release, started);
         if let Err(e) = &result {
-            failed_release(&self.meters.errors, e, held);
+            crate::give_back::failed(&self.meters.errors, e, held);
         }
         result
     }
